@@ -4,6 +4,38 @@
  * Schedule: accumulate(c, over=j, nest=dQ); accumulate(c, over=i, nest=dV); scatter(dK, over=i, outer=(b, h)); fuse(dQ, dK, over=(b, h, i)); hoist(); parallel(b, h, i, nest=delta); parallel(b, h, i, nest=rows); parallel(b, h, j, nest=dK.zero); parallel(b, h, j, nest=dV); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c attention_bwd --variant atomic
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+ * dK = 0
+ * dQ[b, h, i, c] = sum[j2 < n](
+ *                      scale
+ *                      * exp(
+ *                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
+ *                          - (<b h i> psi lse)
+ *                      )
+ *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
+ *                      - (<b h i> psi delta))
+ *                      * (<b h j2 c> psi K)
+ *                  )
+ * dK[b, h, j, c] = sum[i2 < n](
+ *                      scale
+ *                      * exp(
+ *                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
+ *                          - (<b h i2> psi lse)
+ *                      )
+ *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
+ *                      - (<b h i2> psi delta))
+ *                      * (<b h i2 c> psi Q)
+ *                  )
+ * dV[b, h, j, c] = sum[i3 < n](
+ *                      exp(
+ *                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
+ *                          - (<b h i3> psi lse)
+ *                      )
+ *                      * (<b h i3 c> psi dO)
+ *                  )
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -32,57 +64,41 @@ void attention_bwd_atomic_f64(
     double scale
 )
 {
-    /* delta: from the DNF
-     * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+    /* delta: reads dO, O; scratch delta
+     * for b, h, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dO_row = d*(i + n*(b*heads + h));
+                const int64_t O_row = d*(i + n*(b*heads + h));
                 double rowdot = 0.0;
                 #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
-                    rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+                    rowdot += dO[dO_row + c] * O[O_row + c];
                 }
                 delta[i + n*(b*heads + h)] = rowdot;
             }
         }
     }
-    /* dK.zero: from the DNF
-     * dK = 0
+    /* dK.zero: writes dK
+     * for b, h, j (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                const int64_t dK_row = d*(j + n*(b*heads + h));
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    dK[c + d*(j + n*(b*heads + h))] = 0.0;
+                    dK[dK_row + c] = 0.0;
                 }
             }
         }
     }
-    /* rows: from the DNF
-     * dQ[b, h, i, c] = sum[j2 < n](
-     *                      scale
-     *                      * exp(
-     *                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
-     *                          - (<b h i> psi lse)
-     *                      )
-     *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
-     *                      - (<b h i> psi delta))
-     *                      * (<b h j2 c> psi K)
-     *                  )
-     * dK[b, h, j, c] = sum[i2 < n](
-     *                      scale
-     *                      * exp(
-     *                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
-     *                          - (<b h i2> psi lse)
-     *                      )
-     *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
-     *                      - (<b h i2> psi delta))
-     *                      * (<b h i2 c> psi Q)
-     *                  )
+    /* rows: writes dQ; adds atomically to dK; reads Q, K, dO, V, lse; scratch delta
+     * for b, h, i (parallel) / c (simd), j / c (simd), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -93,6 +109,8 @@ void attention_bwd_atomic_f64(
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t V_row = d*(j + n*(b*heads + h));
+                    const int64_t dK_row = d*(j + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
@@ -101,26 +119,20 @@ void attention_bwd_atomic_f64(
                     double dov = 0.0;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
-                        dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                        dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
                     }
                     const double t = scale * exp(scale * qk - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
                     for (int64_t c = 0; c < d; ++c) {
                         dQ[c + d*(i + n*(b*heads + h))] += t * K[c + d*(j + n*(b*heads + h))];
                         #pragma omp atomic
-                        dK[c + d*(j + n*(b*heads + h))] += t * Q[c + d*(i + n*(b*heads + h))];
+                        dK[dK_row + c] += t * Q[c + d*(i + n*(b*heads + h))];
                     }
                 }
             }
         }
     }
-    /* dV: from the DNF
-     * dV[b, h, j, c] = sum[i3 < n](
-     *                      exp(
-     *                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
-     *                          - (<b h i3> psi lse)
-     *                      )
-     *                      * (<b h i3 c> psi dO)
-     *                  )
+    /* dV: writes dV; reads Q, K, lse, dO
+     * for b, h, j (parallel) / c (simd), i / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -131,15 +143,17 @@ void attention_bwd_atomic_f64(
                     dV[c + d*(j + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t Q_row = d*(i + n*(b*heads + h));
+                    const int64_t dO_row = d*(i + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[Q_row + c] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const double t2 = exp(scale * qk - lse[i + n*(b*heads + h)]);
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        dV[c + d*(j + n*(b*heads + h))] += t2 * dO[c + d*(i + n*(b*heads + h))];
+                        dV[c + d*(j + n*(b*heads + h))] += t2 * dO[dO_row + c];
                     }
                 }
             }
@@ -165,57 +179,41 @@ void attention_bwd_atomic_f32(
     float scale
 )
 {
-    /* delta: from the DNF
-     * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+    /* delta: reads dO, O; scratch delta
+     * for b, h, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dO_row = d*(i + n*(b*heads + h));
+                const int64_t O_row = d*(i + n*(b*heads + h));
                 float rowdot = 0.0f;
                 #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
-                    rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+                    rowdot += dO[dO_row + c] * O[O_row + c];
                 }
                 delta[i + n*(b*heads + h)] = rowdot;
             }
         }
     }
-    /* dK.zero: from the DNF
-     * dK = 0
+    /* dK.zero: writes dK
+     * for b, h, j (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                const int64_t dK_row = d*(j + n*(b*heads + h));
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    dK[c + d*(j + n*(b*heads + h))] = 0.0f;
+                    dK[dK_row + c] = 0.0f;
                 }
             }
         }
     }
-    /* rows: from the DNF
-     * dQ[b, h, i, c] = sum[j2 < n](
-     *                      scale
-     *                      * exp(
-     *                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
-     *                          - (<b h i> psi lse)
-     *                      )
-     *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
-     *                      - (<b h i> psi delta))
-     *                      * (<b h j2 c> psi K)
-     *                  )
-     * dK[b, h, j, c] = sum[i2 < n](
-     *                      scale
-     *                      * exp(
-     *                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
-     *                          - (<b h i2> psi lse)
-     *                      )
-     *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
-     *                      - (<b h i2> psi delta))
-     *                      * (<b h i2 c> psi Q)
-     *                  )
+    /* rows: writes dQ; adds atomically to dK; reads Q, K, dO, V, lse; scratch delta
+     * for b, h, i (parallel) / c (simd), j / c (simd), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -226,6 +224,8 @@ void attention_bwd_atomic_f32(
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t V_row = d*(j + n*(b*heads + h));
+                    const int64_t dK_row = d*(j + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
@@ -234,26 +234,20 @@ void attention_bwd_atomic_f32(
                     float dov = 0.0f;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
-                        dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                        dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
                     }
                     const float t = scale * expf(scale * qk - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
                     for (int64_t c = 0; c < d; ++c) {
                         dQ[c + d*(i + n*(b*heads + h))] += t * K[c + d*(j + n*(b*heads + h))];
                         #pragma omp atomic
-                        dK[c + d*(j + n*(b*heads + h))] += t * Q[c + d*(i + n*(b*heads + h))];
+                        dK[dK_row + c] += t * Q[c + d*(i + n*(b*heads + h))];
                     }
                 }
             }
         }
     }
-    /* dV: from the DNF
-     * dV[b, h, j, c] = sum[i3 < n](
-     *                      exp(
-     *                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
-     *                          - (<b h i3> psi lse)
-     *                      )
-     *                      * (<b h i3 c> psi dO)
-     *                  )
+    /* dV: writes dV; reads Q, K, lse, dO
+     * for b, h, j (parallel) / c (simd), i / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -264,15 +258,17 @@ void attention_bwd_atomic_f32(
                     dV[c + d*(j + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t Q_row = d*(i + n*(b*heads + h));
+                    const int64_t dO_row = d*(i + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[Q_row + c] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const float t2 = expf(scale * qk - lse[i + n*(b*heads + h)]);
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        dV[c + d*(j + n*(b*heads + h))] += t2 * dO[c + d*(i + n*(b*heads + h))];
+                        dV[c + d*(j + n*(b*heads + h))] += t2 * dO[dO_row + c];
                     }
                 }
             }

@@ -4,12 +4,44 @@
  * Schedule: accumulate(c, over=j, nest=dQ); accumulate(c, over=i, nest=dV); scatter(dK, over=i, outer=(b, h)); fuse(dQ, dK, over=(b, h, i)); hoist(); gpu_threads(b, h, i, 128 a block, nest=delta); gpu_threads(b, h, i, 128 a block, nest=rows); gpu_threads(b, h, j, 128 a block, nest=dK.zero); gpu_threads(b, h, j, 128 a block, nest=dV); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda attention_bwd_causal --variant atomic
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+ * dK = 0
+ * dQ[b, h, i, c] = sum[j2 < n](
+ *                      scale
+ *                      * exp(
+ *                          (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
+ *                          - (<b h i> psi lse)
+ *                      )
+ *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
+ *                      - (<b h i> psi delta))
+ *                      * (<b h j2 c> psi K)
+ *                  )
+ * dK[b, h, j, c] = sum[i2 < n](
+ *                      scale
+ *                      * exp(
+ *                          (scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K)) if i2 >= j else -inf)
+ *                          - (<b h i2> psi lse)
+ *                      )
+ *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
+ *                      - (<b h i2> psi delta))
+ *                      * (<b h i2 c> psi Q)
+ *                  )
+ * dV[b, h, j, c] = sum[i3 < n](
+ *                      exp(
+ *                          (scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K)) if i3 >= j else -inf)
+ *                          - (<b h i3> psi lse)
+ *                      )
+ *                      * (<b h i3 c> psi dO)
+ *                  )
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* delta: from the DNF
- * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+/* delta: reads dO, O; scratch delta
+ * for b, h, i (parallel) / c (simd)
  */
 __global__ void attention_bwd_causal_atomic_f64_delta(
     const double *__restrict__ Q,
@@ -34,15 +66,17 @@ __global__ void attention_bwd_causal_atomic_f64_delta(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dO_row = d*(i + n*(b*heads + h));
+    const int64_t O_row = d*(i + n*(b*heads + h));
     double rowdot = 0.0;
     for (int64_t c = 0; c < d; ++c) {
-        rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+        rowdot += dO[dO_row + c] * O[O_row + c];
     }
     delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* dK.zero: from the DNF
- * dK = 0
+/* dK.zero: writes dK
+ * for b, h, j (parallel) / c (simd)
  */
 __global__ void attention_bwd_causal_atomic_f64_dK_zero(
     const double *__restrict__ Q,
@@ -67,32 +101,14 @@ __global__ void attention_bwd_causal_atomic_f64_dK_zero(
     const int64_t j = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dK_row = d*(j + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
-        dK[c + d*(j + n*(b*heads + h))] = 0.0;
+        dK[dK_row + c] = 0.0;
     }
 }
 
-/* rows: from the DNF
- * dQ[b, h, i, c] = sum[j2 < n](
- *                      scale
- *                      * exp(
- *                          (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
- *                          - (<b h i> psi lse)
- *                      )
- *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
- *                      - (<b h i> psi delta))
- *                      * (<b h j2 c> psi K)
- *                  )
- * dK[b, h, j, c] = sum[i2 < n](
- *                      scale
- *                      * exp(
- *                          (scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K)) if i2 >= j else -inf)
- *                          - (<b h i2> psi lse)
- *                      )
- *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
- *                      - (<b h i2> psi delta))
- *                      * (<b h i2 c> psi Q)
- *                  )
+/* rows: writes dQ; adds atomically to dK; reads Q, K, dO, V, lse; scratch delta
+ * for b, h, i (parallel) / c (simd), j / c (simd), c
  */
 __global__ void attention_bwd_causal_atomic_f64_rows(
     const double *__restrict__ Q,
@@ -121,30 +137,26 @@ __global__ void attention_bwd_causal_atomic_f64_rows(
         dQ[c + d*(i + n*(b*heads + h))] = 0.0;
     }
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t V_row = d*(j + n*(b*heads + h));
+        const int64_t dK_row = d*(j + n*(b*heads + h));
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
         }
         double dov = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+            dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
         }
         const double t = scale * exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
         for (int64_t c = 0; c < d; ++c) {
             dQ[c + d*(i + n*(b*heads + h))] += t * K[c + d*(j + n*(b*heads + h))];
-            atomicAdd(&dK[c + d*(j + n*(b*heads + h))], t * Q[c + d*(i + n*(b*heads + h))]);
+            atomicAdd(&dK[dK_row + c], t * Q[c + d*(i + n*(b*heads + h))]);
         }
     }
 }
 
-/* dV: from the DNF
- * dV[b, h, j, c] = sum[i3 < n](
- *                      exp(
- *                          (scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K)) if i3 >= j else -inf)
- *                          - (<b h i3> psi lse)
- *                      )
- *                      * (<b h i3 c> psi dO)
- *                  )
+/* dV: writes dV; reads Q, K, lse, dO
+ * for b, h, j (parallel) / c (simd), i / c (simd)
  */
 __global__ void attention_bwd_causal_atomic_f64_dV(
     const double *__restrict__ Q,
@@ -173,13 +185,15 @@ __global__ void attention_bwd_causal_atomic_f64_dV(
         dV[c + d*(j + n*(b*heads + h))] = 0.0;
     }
     for (int64_t i = 0; i < n; ++i) {
+        const int64_t Q_row = d*(i + n*(b*heads + h));
+        const int64_t dO_row = d*(i + n*(b*heads + h));
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+            qk += Q[Q_row + c] * K[c + d*(j + n*(b*heads + h))];
         }
         const double t2 = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
         for (int64_t c = 0; c < d; ++c) {
-            dV[c + d*(j + n*(b*heads + h))] += t2 * dO[c + d*(i + n*(b*heads + h))];
+            dV[c + d*(j + n*(b*heads + h))] += t2 * dO[dO_row + c];
         }
     }
 }
@@ -204,30 +218,29 @@ extern "C" int attention_bwd_causal_atomic_f64(
     double scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_atomic_f64_delta<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_atomic_f64_dK_zero<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_atomic_f64_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_atomic_f64_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
@@ -236,8 +249,8 @@ extern "C" int attention_bwd_causal_atomic_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* delta: from the DNF
- * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+/* delta: reads dO, O; scratch delta
+ * for b, h, i (parallel) / c (simd)
  */
 __global__ void attention_bwd_causal_atomic_f32_delta(
     const float *__restrict__ Q,
@@ -262,15 +275,17 @@ __global__ void attention_bwd_causal_atomic_f32_delta(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dO_row = d*(i + n*(b*heads + h));
+    const int64_t O_row = d*(i + n*(b*heads + h));
     float rowdot = 0.0f;
     for (int64_t c = 0; c < d; ++c) {
-        rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+        rowdot += dO[dO_row + c] * O[O_row + c];
     }
     delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* dK.zero: from the DNF
- * dK = 0
+/* dK.zero: writes dK
+ * for b, h, j (parallel) / c (simd)
  */
 __global__ void attention_bwd_causal_atomic_f32_dK_zero(
     const float *__restrict__ Q,
@@ -295,32 +310,14 @@ __global__ void attention_bwd_causal_atomic_f32_dK_zero(
     const int64_t j = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dK_row = d*(j + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
-        dK[c + d*(j + n*(b*heads + h))] = 0.0f;
+        dK[dK_row + c] = 0.0f;
     }
 }
 
-/* rows: from the DNF
- * dQ[b, h, i, c] = sum[j2 < n](
- *                      scale
- *                      * exp(
- *                          (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
- *                          - (<b h i> psi lse)
- *                      )
- *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
- *                      - (<b h i> psi delta))
- *                      * (<b h j2 c> psi K)
- *                  )
- * dK[b, h, j, c] = sum[i2 < n](
- *                      scale
- *                      * exp(
- *                          (scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K)) if i2 >= j else -inf)
- *                          - (<b h i2> psi lse)
- *                      )
- *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
- *                      - (<b h i2> psi delta))
- *                      * (<b h i2 c> psi Q)
- *                  )
+/* rows: writes dQ; adds atomically to dK; reads Q, K, dO, V, lse; scratch delta
+ * for b, h, i (parallel) / c (simd), j / c (simd), c
  */
 __global__ void attention_bwd_causal_atomic_f32_rows(
     const float *__restrict__ Q,
@@ -349,30 +346,26 @@ __global__ void attention_bwd_causal_atomic_f32_rows(
         dQ[c + d*(i + n*(b*heads + h))] = 0.0f;
     }
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t V_row = d*(j + n*(b*heads + h));
+        const int64_t dK_row = d*(j + n*(b*heads + h));
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
         }
         float dov = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+            dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
         }
         const float t = scale * expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
         for (int64_t c = 0; c < d; ++c) {
             dQ[c + d*(i + n*(b*heads + h))] += t * K[c + d*(j + n*(b*heads + h))];
-            atomicAdd(&dK[c + d*(j + n*(b*heads + h))], t * Q[c + d*(i + n*(b*heads + h))]);
+            atomicAdd(&dK[dK_row + c], t * Q[c + d*(i + n*(b*heads + h))]);
         }
     }
 }
 
-/* dV: from the DNF
- * dV[b, h, j, c] = sum[i3 < n](
- *                      exp(
- *                          (scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K)) if i3 >= j else -inf)
- *                          - (<b h i3> psi lse)
- *                      )
- *                      * (<b h i3 c> psi dO)
- *                  )
+/* dV: writes dV; reads Q, K, lse, dO
+ * for b, h, j (parallel) / c (simd), i / c (simd)
  */
 __global__ void attention_bwd_causal_atomic_f32_dV(
     const float *__restrict__ Q,
@@ -401,13 +394,15 @@ __global__ void attention_bwd_causal_atomic_f32_dV(
         dV[c + d*(j + n*(b*heads + h))] = 0.0f;
     }
     for (int64_t i = 0; i < n; ++i) {
+        const int64_t Q_row = d*(i + n*(b*heads + h));
+        const int64_t dO_row = d*(i + n*(b*heads + h));
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+            qk += Q[Q_row + c] * K[c + d*(j + n*(b*heads + h))];
         }
         const float t2 = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
         for (int64_t c = 0; c < d; ++c) {
-            dV[c + d*(j + n*(b*heads + h))] += t2 * dO[c + d*(i + n*(b*heads + h))];
+            dV[c + d*(j + n*(b*heads + h))] += t2 * dO[dO_row + c];
         }
     }
 }
@@ -432,30 +427,29 @@ extern "C" int attention_bwd_causal_atomic_f32(
     float scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_atomic_f32_delta<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_atomic_f32_dK_zero<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_atomic_f32_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_atomic_f32_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();

@@ -4,6 +4,37 @@
  * Schedule: accumulate(c, over=j, nest=dQ); accumulate(c, over=i, nest=dK); accumulate(c, over=i, nest=dV); hoist(); parallel(b, h, i, nest=delta); parallel(b, h, i, nest=dQ); parallel(b, h, j, nest=dK); parallel(b, h, j, nest=dV); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c attention_bwd_causal --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+ * dQ[b, h, i, c] = sum[j2 < n](
+ *                      scale
+ *                      * exp(
+ *                          (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
+ *                          - (<b h i> psi lse)
+ *                      )
+ *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
+ *                      - (<b h i> psi delta))
+ *                      * (<b h j2 c> psi K)
+ *                  )
+ * dK[b, h, j, c] = sum[i2 < n](
+ *                      scale
+ *                      * exp(
+ *                          (scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K)) if i2 >= j else -inf)
+ *                          - (<b h i2> psi lse)
+ *                      )
+ *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
+ *                      - (<b h i2> psi delta))
+ *                      * (<b h i2 c> psi Q)
+ *                  )
+ * dV[b, h, j, c] = sum[i3 < n](
+ *                      exp(
+ *                          (scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K)) if i3 >= j else -inf)
+ *                          - (<b h i3> psi lse)
+ *                      )
+ *                      * (<b h i3 c> psi dO)
+ *                  )
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -32,33 +63,26 @@ void attention_bwd_causal_dnf_f64(
     double scale
 )
 {
-    /* delta: from the DNF
-     * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+    /* delta: reads dO, O; scratch delta
+     * for b, h, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dO_row = d*(i + n*(b*heads + h));
+                const int64_t O_row = d*(i + n*(b*heads + h));
                 double rowdot = 0.0;
                 #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
-                    rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+                    rowdot += dO[dO_row + c] * O[O_row + c];
                 }
                 delta[i + n*(b*heads + h)] = rowdot;
             }
         }
     }
-    /* dQ: from the DNF
-     * dQ[b, h, i, c] = sum[j2 < n](
-     *                      scale
-     *                      * exp(
-     *                          (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
-     *                          - (<b h i> psi lse)
-     *                      )
-     *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
-     *                      - (<b h i> psi delta))
-     *                      * (<b h j2 c> psi K)
-     *                  )
+    /* dQ: writes dQ; reads Q, K, dO, V, lse; scratch delta
+     * for b, h, i (parallel) / c (simd), j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -69,6 +93,7 @@ void attention_bwd_causal_dnf_f64(
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t V_row = d*(j + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
@@ -77,7 +102,7 @@ void attention_bwd_causal_dnf_f64(
                     double dov = 0.0;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
-                        dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                        dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
                     }
                     const double t = scale * exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
                     #pragma omp simd
@@ -88,17 +113,8 @@ void attention_bwd_causal_dnf_f64(
             }
         }
     }
-    /* dK: from the DNF
-     * dK[b, h, j, c] = sum[i2 < n](
-     *                      scale
-     *                      * exp(
-     *                          (scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K)) if i2 >= j else -inf)
-     *                          - (<b h i2> psi lse)
-     *                      )
-     *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
-     *                      - (<b h i2> psi delta))
-     *                      * (<b h i2 c> psi Q)
-     *                  )
+    /* dK: writes dK; reads Q, K, dO, V, lse; scratch delta
+     * for b, h, j (parallel) / c (simd), i / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -109,6 +125,7 @@ void attention_bwd_causal_dnf_f64(
                     dK[c + d*(j + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dO_row = d*(i + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
@@ -117,7 +134,7 @@ void attention_bwd_causal_dnf_f64(
                     double dov = 0.0;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
-                        dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                        dov += dO[dO_row + c] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const double t2 = scale * exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
                     #pragma omp simd
@@ -128,14 +145,8 @@ void attention_bwd_causal_dnf_f64(
             }
         }
     }
-    /* dV: from the DNF
-     * dV[b, h, j, c] = sum[i3 < n](
-     *                      exp(
-     *                          (scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K)) if i3 >= j else -inf)
-     *                          - (<b h i3> psi lse)
-     *                      )
-     *                      * (<b h i3 c> psi dO)
-     *                  )
+    /* dV: writes dV; reads Q, K, lse, dO
+     * for b, h, j (parallel) / c (simd), i / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -146,15 +157,17 @@ void attention_bwd_causal_dnf_f64(
                     dV[c + d*(j + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t Q_row = d*(i + n*(b*heads + h));
+                    const int64_t dO_row = d*(i + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[Q_row + c] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const double t3 = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        dV[c + d*(j + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];
+                        dV[c + d*(j + n*(b*heads + h))] += t3 * dO[dO_row + c];
                     }
                 }
             }
@@ -180,33 +193,26 @@ void attention_bwd_causal_dnf_f32(
     float scale
 )
 {
-    /* delta: from the DNF
-     * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+    /* delta: reads dO, O; scratch delta
+     * for b, h, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dO_row = d*(i + n*(b*heads + h));
+                const int64_t O_row = d*(i + n*(b*heads + h));
                 float rowdot = 0.0f;
                 #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
-                    rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+                    rowdot += dO[dO_row + c] * O[O_row + c];
                 }
                 delta[i + n*(b*heads + h)] = rowdot;
             }
         }
     }
-    /* dQ: from the DNF
-     * dQ[b, h, i, c] = sum[j2 < n](
-     *                      scale
-     *                      * exp(
-     *                          (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
-     *                          - (<b h i> psi lse)
-     *                      )
-     *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
-     *                      - (<b h i> psi delta))
-     *                      * (<b h j2 c> psi K)
-     *                  )
+    /* dQ: writes dQ; reads Q, K, dO, V, lse; scratch delta
+     * for b, h, i (parallel) / c (simd), j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -217,6 +223,7 @@ void attention_bwd_causal_dnf_f32(
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t V_row = d*(j + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
@@ -225,7 +232,7 @@ void attention_bwd_causal_dnf_f32(
                     float dov = 0.0f;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
-                        dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                        dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
                     }
                     const float t = scale * expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
                     #pragma omp simd
@@ -236,17 +243,8 @@ void attention_bwd_causal_dnf_f32(
             }
         }
     }
-    /* dK: from the DNF
-     * dK[b, h, j, c] = sum[i2 < n](
-     *                      scale
-     *                      * exp(
-     *                          (scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K)) if i2 >= j else -inf)
-     *                          - (<b h i2> psi lse)
-     *                      )
-     *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
-     *                      - (<b h i2> psi delta))
-     *                      * (<b h i2 c> psi Q)
-     *                  )
+    /* dK: writes dK; reads Q, K, dO, V, lse; scratch delta
+     * for b, h, j (parallel) / c (simd), i / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -257,6 +255,7 @@ void attention_bwd_causal_dnf_f32(
                     dK[c + d*(j + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dO_row = d*(i + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
@@ -265,7 +264,7 @@ void attention_bwd_causal_dnf_f32(
                     float dov = 0.0f;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
-                        dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                        dov += dO[dO_row + c] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const float t2 = scale * expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
                     #pragma omp simd
@@ -276,14 +275,8 @@ void attention_bwd_causal_dnf_f32(
             }
         }
     }
-    /* dV: from the DNF
-     * dV[b, h, j, c] = sum[i3 < n](
-     *                      exp(
-     *                          (scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K)) if i3 >= j else -inf)
-     *                          - (<b h i3> psi lse)
-     *                      )
-     *                      * (<b h i3 c> psi dO)
-     *                  )
+    /* dV: writes dV; reads Q, K, lse, dO
+     * for b, h, j (parallel) / c (simd), i / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -294,15 +287,17 @@ void attention_bwd_causal_dnf_f32(
                     dV[c + d*(j + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t Q_row = d*(i + n*(b*heads + h));
+                    const int64_t dO_row = d*(i + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[Q_row + c] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const float t3 = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        dV[c + d*(j + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];
+                        dV[c + d*(j + n*(b*heads + h))] += t3 * dO[dO_row + c];
                     }
                 }
             }

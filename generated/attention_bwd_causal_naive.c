@@ -4,6 +4,21 @@
  * Schedule: hoist(); parallel(b, h, i, nest=P); parallel(b, h, i, nest=dS); parallel(b, h, i, nest=delta); parallel(b, h, i, nest=dQ); parallel(b, h, j, nest=dK); parallel(b, h, j, nest=dV); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c attention_bwd_causal --variant naive
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * P[b, h, i, j] = exp(
+ *                     (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
+ *                     - (<b h i> psi lse)
+ *                 )
+ * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+ * dS[b, h, i, j] = scale
+ *                  * (<b h i j> psi P)
+ *                  * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j c3> psi V))
+ *                  - (<b h i> psi delta))
+ * dQ[b, h, i, c] = sum[j2 < n]((<b h i j2> psi dS) * (<b h j2 c> psi K))
+ * dK[b, h, j, c] = sum[i2 < n]((<b h i2 j> psi dS) * (<b h i2 c> psi Q))
+ * dV[b, h, j, c] = sum[i3 < n]((<b h i3 j> psi P) * (<b h i3 c> psi dO))
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -34,114 +49,118 @@ void attention_bwd_causal_naive_f64(
     double scale
 )
 {
-    /* P: from the DNF
-     * P[b, h, i, j] = exp(
-     *                     (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
-     *                     - (<b h i> psi lse)
-     *                 )
+    /* P: reads Q, K, lse; scratch P
+     * for b, h, i (parallel) / j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t P_row = n*(i + n*(b*heads + h));
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t K_row = d*(j + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                     }
-                    P[j + n*(i + n*(b*heads + h))] = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
+                    P[P_row + j] = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
                 }
             }
         }
     }
-    /* delta: from the DNF
-     * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+    /* delta: reads dO, O; scratch delta
+     * for b, h, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dO_row = d*(i + n*(b*heads + h));
+                const int64_t O_row = d*(i + n*(b*heads + h));
                 double rowdot = 0.0;
                 #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
-                    rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+                    rowdot += dO[dO_row + c] * O[O_row + c];
                 }
                 delta[i + n*(b*heads + h)] = rowdot;
             }
         }
     }
-    /* dS: from the DNF
-     * dS[b, h, i, j] = scale
-     *                  * (<b h i j> psi P)
-     *                  * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j c3> psi V))
-     *                  - (<b h i> psi delta))
+    /* dS: reads dO, V; scratch dS, P, delta
+     * for b, h, i (parallel) / j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dS_row = n*(i + n*(b*heads + h));
+                const int64_t P_row = n*(i + n*(b*heads + h));
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t V_row = d*(j + n*(b*heads + h));
                     double dov = 0.0;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
-                        dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                        dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
                     }
-                    dS[j + n*(i + n*(b*heads + h))] = scale * P[j + n*(i + n*(b*heads + h))] * (dov - delta[i + n*(b*heads + h)]);
+                    dS[dS_row + j] = scale * P[P_row + j] * (dov - delta[i + n*(b*heads + h)]);
                 }
             }
         }
     }
-    /* dQ: from the DNF
-     * dQ[b, h, i, c] = sum[j2 < n]((<b h i j2> psi dS) * (<b h j2 c> psi K))
+    /* dQ: writes dQ; reads K; scratch dS
+     * for b, h, i (parallel) / c / j (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dQ_row = d*(i + n*(b*heads + h));
                 for (int64_t c = 0; c < d; ++c) {
                     double acc = 0.0;
                     #pragma omp simd reduction(+:acc)
                     for (int64_t j = 0; j < n; ++j) {
                         acc += dS[j + n*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
-                    dQ[c + d*(i + n*(b*heads + h))] = acc;
+                    dQ[dQ_row + c] = acc;
                 }
             }
         }
     }
-    /* dK: from the DNF
-     * dK[b, h, j, c] = sum[i2 < n]((<b h i2 j> psi dS) * (<b h i2 c> psi Q))
+    /* dK: writes dK; reads Q; scratch dS
+     * for b, h, j (parallel) / c / i (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                const int64_t dK_row = d*(j + n*(b*heads + h));
                 for (int64_t c = 0; c < d; ++c) {
                     double acc = 0.0;
                     #pragma omp simd reduction(+:acc)
                     for (int64_t i = 0; i < n; ++i) {
                         acc += dS[j + n*(i + n*(b*heads + h))] * Q[c + d*(i + n*(b*heads + h))];
                     }
-                    dK[c + d*(j + n*(b*heads + h))] = acc;
+                    dK[dK_row + c] = acc;
                 }
             }
         }
     }
-    /* dV: from the DNF
-     * dV[b, h, j, c] = sum[i3 < n]((<b h i3 j> psi P) * (<b h i3 c> psi dO))
+    /* dV: writes dV; reads dO; scratch P
+     * for b, h, j (parallel) / c / i (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                const int64_t dV_row = d*(j + n*(b*heads + h));
                 for (int64_t c = 0; c < d; ++c) {
                     double acc = 0.0;
                     #pragma omp simd reduction(+:acc)
                     for (int64_t i = 0; i < n; ++i) {
                         acc += P[j + n*(i + n*(b*heads + h))] * dO[c + d*(i + n*(b*heads + h))];
                     }
-                    dV[c + d*(j + n*(b*heads + h))] = acc;
+                    dV[dV_row + c] = acc;
                 }
             }
         }
@@ -168,114 +187,118 @@ void attention_bwd_causal_naive_f32(
     float scale
 )
 {
-    /* P: from the DNF
-     * P[b, h, i, j] = exp(
-     *                     (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
-     *                     - (<b h i> psi lse)
-     *                 )
+    /* P: reads Q, K, lse; scratch P
+     * for b, h, i (parallel) / j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t P_row = n*(i + n*(b*heads + h));
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t K_row = d*(j + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                     }
-                    P[j + n*(i + n*(b*heads + h))] = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
+                    P[P_row + j] = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
                 }
             }
         }
     }
-    /* delta: from the DNF
-     * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+    /* delta: reads dO, O; scratch delta
+     * for b, h, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dO_row = d*(i + n*(b*heads + h));
+                const int64_t O_row = d*(i + n*(b*heads + h));
                 float rowdot = 0.0f;
                 #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
-                    rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+                    rowdot += dO[dO_row + c] * O[O_row + c];
                 }
                 delta[i + n*(b*heads + h)] = rowdot;
             }
         }
     }
-    /* dS: from the DNF
-     * dS[b, h, i, j] = scale
-     *                  * (<b h i j> psi P)
-     *                  * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j c3> psi V))
-     *                  - (<b h i> psi delta))
+    /* dS: reads dO, V; scratch dS, P, delta
+     * for b, h, i (parallel) / j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dS_row = n*(i + n*(b*heads + h));
+                const int64_t P_row = n*(i + n*(b*heads + h));
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t V_row = d*(j + n*(b*heads + h));
                     float dov = 0.0f;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
-                        dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                        dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
                     }
-                    dS[j + n*(i + n*(b*heads + h))] = scale * P[j + n*(i + n*(b*heads + h))] * (dov - delta[i + n*(b*heads + h)]);
+                    dS[dS_row + j] = scale * P[P_row + j] * (dov - delta[i + n*(b*heads + h)]);
                 }
             }
         }
     }
-    /* dQ: from the DNF
-     * dQ[b, h, i, c] = sum[j2 < n]((<b h i j2> psi dS) * (<b h j2 c> psi K))
+    /* dQ: writes dQ; reads K; scratch dS
+     * for b, h, i (parallel) / c / j (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dQ_row = d*(i + n*(b*heads + h));
                 for (int64_t c = 0; c < d; ++c) {
                     float acc = 0.0f;
                     #pragma omp simd reduction(+:acc)
                     for (int64_t j = 0; j < n; ++j) {
                         acc += dS[j + n*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
-                    dQ[c + d*(i + n*(b*heads + h))] = acc;
+                    dQ[dQ_row + c] = acc;
                 }
             }
         }
     }
-    /* dK: from the DNF
-     * dK[b, h, j, c] = sum[i2 < n]((<b h i2 j> psi dS) * (<b h i2 c> psi Q))
+    /* dK: writes dK; reads Q; scratch dS
+     * for b, h, j (parallel) / c / i (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                const int64_t dK_row = d*(j + n*(b*heads + h));
                 for (int64_t c = 0; c < d; ++c) {
                     float acc = 0.0f;
                     #pragma omp simd reduction(+:acc)
                     for (int64_t i = 0; i < n; ++i) {
                         acc += dS[j + n*(i + n*(b*heads + h))] * Q[c + d*(i + n*(b*heads + h))];
                     }
-                    dK[c + d*(j + n*(b*heads + h))] = acc;
+                    dK[dK_row + c] = acc;
                 }
             }
         }
     }
-    /* dV: from the DNF
-     * dV[b, h, j, c] = sum[i3 < n]((<b h i3 j> psi P) * (<b h i3 c> psi dO))
+    /* dV: writes dV; reads dO; scratch P
+     * for b, h, j (parallel) / c / i (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                const int64_t dV_row = d*(j + n*(b*heads + h));
                 for (int64_t c = 0; c < d; ++c) {
                     float acc = 0.0f;
                     #pragma omp simd reduction(+:acc)
                     for (int64_t i = 0; i < n; ++i) {
                         acc += P[j + n*(i + n*(b*heads + h))] * dO[c + d*(i + n*(b*heads + h))];
                     }
-                    dV[c + d*(j + n*(b*heads + h))] = acc;
+                    dV[dV_row + c] = acc;
                 }
             }
         }

@@ -4,15 +4,27 @@
  * Schedule: hoist(); gpu_threads(b, h, i, 128 a block, nest=P); gpu_threads(b, h, i, 128 a block, nest=dS); gpu_threads(b, h, i, 128 a block, nest=delta); gpu_threads(b, h, i, 128 a block, nest=dQ); gpu_threads(b, h, j, 128 a block, nest=dK); gpu_threads(b, h, j, 128 a block, nest=dV); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda attention_bwd_causal --variant naive
  */
-#include <math.h>
-#include <stdint.h>
-#include <cuda_runtime.h>
-
-/* P: from the DNF
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
  * P[b, h, i, j] = exp(
  *                     (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
  *                     - (<b h i> psi lse)
  *                 )
+ * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+ * dS[b, h, i, j] = scale
+ *                  * (<b h i j> psi P)
+ *                  * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j c3> psi V))
+ *                  - (<b h i> psi delta))
+ * dQ[b, h, i, c] = sum[j2 < n]((<b h i j2> psi dS) * (<b h j2 c> psi K))
+ * dK[b, h, j, c] = sum[i2 < n]((<b h i2 j> psi dS) * (<b h i2 c> psi Q))
+ * dV[b, h, j, c] = sum[i3 < n]((<b h i3 j> psi P) * (<b h i3 c> psi dO))
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+/* P: reads Q, K, lse; scratch P
+ * for b, h, i (parallel) / j / c (simd)
  */
 __global__ void attention_bwd_causal_naive_f64_P(
     const double *__restrict__ Q,
@@ -39,17 +51,19 @@ __global__ void attention_bwd_causal_naive_f64_P(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t P_row = n*(i + n*(b*heads + h));
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(j + n*(b*heads + h));
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
         }
-        P[j + n*(i + n*(b*heads + h))] = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
+        P[P_row + j] = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
     }
 }
 
-/* delta: from the DNF
- * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+/* delta: reads dO, O; scratch delta
+ * for b, h, i (parallel) / c (simd)
  */
 __global__ void attention_bwd_causal_naive_f64_delta(
     const double *__restrict__ Q,
@@ -76,18 +90,17 @@ __global__ void attention_bwd_causal_naive_f64_delta(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dO_row = d*(i + n*(b*heads + h));
+    const int64_t O_row = d*(i + n*(b*heads + h));
     double rowdot = 0.0;
     for (int64_t c = 0; c < d; ++c) {
-        rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+        rowdot += dO[dO_row + c] * O[O_row + c];
     }
     delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* dS: from the DNF
- * dS[b, h, i, j] = scale
- *                  * (<b h i j> psi P)
- *                  * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j c3> psi V))
- *                  - (<b h i> psi delta))
+/* dS: reads dO, V; scratch dS, P, delta
+ * for b, h, i (parallel) / j / c (simd)
  */
 __global__ void attention_bwd_causal_naive_f64_dS(
     const double *__restrict__ Q,
@@ -114,17 +127,20 @@ __global__ void attention_bwd_causal_naive_f64_dS(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dS_row = n*(i + n*(b*heads + h));
+    const int64_t P_row = n*(i + n*(b*heads + h));
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t V_row = d*(j + n*(b*heads + h));
         double dov = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+            dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
         }
-        dS[j + n*(i + n*(b*heads + h))] = scale * P[j + n*(i + n*(b*heads + h))] * (dov - delta[i + n*(b*heads + h)]);
+        dS[dS_row + j] = scale * P[P_row + j] * (dov - delta[i + n*(b*heads + h)]);
     }
 }
 
-/* dQ: from the DNF
- * dQ[b, h, i, c] = sum[j2 < n]((<b h i j2> psi dS) * (<b h j2 c> psi K))
+/* dQ: writes dQ; reads K; scratch dS
+ * for b, h, i (parallel) / c / j (simd)
  */
 __global__ void attention_bwd_causal_naive_f64_dQ(
     const double *__restrict__ Q,
@@ -151,17 +167,18 @@ __global__ void attention_bwd_causal_naive_f64_dQ(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dQ_row = d*(i + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
         double acc = 0.0;
         for (int64_t j = 0; j < n; ++j) {
             acc += dS[j + n*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
         }
-        dQ[c + d*(i + n*(b*heads + h))] = acc;
+        dQ[dQ_row + c] = acc;
     }
 }
 
-/* dK: from the DNF
- * dK[b, h, j, c] = sum[i2 < n]((<b h i2 j> psi dS) * (<b h i2 c> psi Q))
+/* dK: writes dK; reads Q; scratch dS
+ * for b, h, j (parallel) / c / i (simd)
  */
 __global__ void attention_bwd_causal_naive_f64_dK(
     const double *__restrict__ Q,
@@ -188,17 +205,18 @@ __global__ void attention_bwd_causal_naive_f64_dK(
     const int64_t j = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dK_row = d*(j + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
         double acc = 0.0;
         for (int64_t i = 0; i < n; ++i) {
             acc += dS[j + n*(i + n*(b*heads + h))] * Q[c + d*(i + n*(b*heads + h))];
         }
-        dK[c + d*(j + n*(b*heads + h))] = acc;
+        dK[dK_row + c] = acc;
     }
 }
 
-/* dV: from the DNF
- * dV[b, h, j, c] = sum[i3 < n]((<b h i3 j> psi P) * (<b h i3 c> psi dO))
+/* dV: writes dV; reads dO; scratch P
+ * for b, h, j (parallel) / c / i (simd)
  */
 __global__ void attention_bwd_causal_naive_f64_dV(
     const double *__restrict__ Q,
@@ -225,12 +243,13 @@ __global__ void attention_bwd_causal_naive_f64_dV(
     const int64_t j = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dV_row = d*(j + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
         double acc = 0.0;
         for (int64_t i = 0; i < n; ++i) {
             acc += P[j + n*(i + n*(b*heads + h))] * dO[c + d*(i + n*(b*heads + h))];
         }
-        dV[c + d*(j + n*(b*heads + h))] = acc;
+        dV[dV_row + c] = acc;
     }
 }
 
@@ -256,44 +275,43 @@ extern "C" int attention_bwd_causal_naive_f64(
     double scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_naive_f64_P<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_naive_f64_delta<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_naive_f64_dS<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_naive_f64_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_naive_f64_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_naive_f64_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
@@ -302,11 +320,8 @@ extern "C" int attention_bwd_causal_naive_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* P: from the DNF
- * P[b, h, i, j] = exp(
- *                     (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
- *                     - (<b h i> psi lse)
- *                 )
+/* P: reads Q, K, lse; scratch P
+ * for b, h, i (parallel) / j / c (simd)
  */
 __global__ void attention_bwd_causal_naive_f32_P(
     const float *__restrict__ Q,
@@ -333,17 +348,19 @@ __global__ void attention_bwd_causal_naive_f32_P(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t P_row = n*(i + n*(b*heads + h));
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(j + n*(b*heads + h));
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
         }
-        P[j + n*(i + n*(b*heads + h))] = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
+        P[P_row + j] = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
     }
 }
 
-/* delta: from the DNF
- * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+/* delta: reads dO, O; scratch delta
+ * for b, h, i (parallel) / c (simd)
  */
 __global__ void attention_bwd_causal_naive_f32_delta(
     const float *__restrict__ Q,
@@ -370,18 +387,17 @@ __global__ void attention_bwd_causal_naive_f32_delta(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dO_row = d*(i + n*(b*heads + h));
+    const int64_t O_row = d*(i + n*(b*heads + h));
     float rowdot = 0.0f;
     for (int64_t c = 0; c < d; ++c) {
-        rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+        rowdot += dO[dO_row + c] * O[O_row + c];
     }
     delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* dS: from the DNF
- * dS[b, h, i, j] = scale
- *                  * (<b h i j> psi P)
- *                  * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j c3> psi V))
- *                  - (<b h i> psi delta))
+/* dS: reads dO, V; scratch dS, P, delta
+ * for b, h, i (parallel) / j / c (simd)
  */
 __global__ void attention_bwd_causal_naive_f32_dS(
     const float *__restrict__ Q,
@@ -408,17 +424,20 @@ __global__ void attention_bwd_causal_naive_f32_dS(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dS_row = n*(i + n*(b*heads + h));
+    const int64_t P_row = n*(i + n*(b*heads + h));
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t V_row = d*(j + n*(b*heads + h));
         float dov = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+            dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
         }
-        dS[j + n*(i + n*(b*heads + h))] = scale * P[j + n*(i + n*(b*heads + h))] * (dov - delta[i + n*(b*heads + h)]);
+        dS[dS_row + j] = scale * P[P_row + j] * (dov - delta[i + n*(b*heads + h)]);
     }
 }
 
-/* dQ: from the DNF
- * dQ[b, h, i, c] = sum[j2 < n]((<b h i j2> psi dS) * (<b h j2 c> psi K))
+/* dQ: writes dQ; reads K; scratch dS
+ * for b, h, i (parallel) / c / j (simd)
  */
 __global__ void attention_bwd_causal_naive_f32_dQ(
     const float *__restrict__ Q,
@@ -445,17 +464,18 @@ __global__ void attention_bwd_causal_naive_f32_dQ(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dQ_row = d*(i + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
         float acc = 0.0f;
         for (int64_t j = 0; j < n; ++j) {
             acc += dS[j + n*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
         }
-        dQ[c + d*(i + n*(b*heads + h))] = acc;
+        dQ[dQ_row + c] = acc;
     }
 }
 
-/* dK: from the DNF
- * dK[b, h, j, c] = sum[i2 < n]((<b h i2 j> psi dS) * (<b h i2 c> psi Q))
+/* dK: writes dK; reads Q; scratch dS
+ * for b, h, j (parallel) / c / i (simd)
  */
 __global__ void attention_bwd_causal_naive_f32_dK(
     const float *__restrict__ Q,
@@ -482,17 +502,18 @@ __global__ void attention_bwd_causal_naive_f32_dK(
     const int64_t j = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dK_row = d*(j + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
         float acc = 0.0f;
         for (int64_t i = 0; i < n; ++i) {
             acc += dS[j + n*(i + n*(b*heads + h))] * Q[c + d*(i + n*(b*heads + h))];
         }
-        dK[c + d*(j + n*(b*heads + h))] = acc;
+        dK[dK_row + c] = acc;
     }
 }
 
-/* dV: from the DNF
- * dV[b, h, j, c] = sum[i3 < n]((<b h i3 j> psi P) * (<b h i3 c> psi dO))
+/* dV: writes dV; reads dO; scratch P
+ * for b, h, j (parallel) / c / i (simd)
  */
 __global__ void attention_bwd_causal_naive_f32_dV(
     const float *__restrict__ Q,
@@ -519,12 +540,13 @@ __global__ void attention_bwd_causal_naive_f32_dV(
     const int64_t j = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dV_row = d*(j + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
         float acc = 0.0f;
         for (int64_t i = 0; i < n; ++i) {
             acc += P[j + n*(i + n*(b*heads + h))] * dO[c + d*(i + n*(b*heads + h))];
         }
-        dV[c + d*(j + n*(b*heads + h))] = acc;
+        dV[dV_row + c] = acc;
     }
 }
 
@@ -550,44 +572,43 @@ extern "C" int attention_bwd_causal_naive_f32(
     float scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_naive_f32_P<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_naive_f32_delta<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_naive_f32_dS<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_naive_f32_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_naive_f32_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_bwd_causal_naive_f32_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();

@@ -2,6 +2,36 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: accumulate(c, over=j, nest=dQ); accumulate(c, over=i, nest=dK); accumulate(c, over=i, nest=dV); hoist(); parallel(b, h, i, nest=delta); parallel(b, h, i, nest=dQ); parallel(b, h, j, nest=dK); parallel(b, h, j, nest=dV); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran attention_bwd --variant dnf
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+! dQ[b, h, i, c] = sum[j2 < n](
+!                      scale
+!                      * exp(
+!                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
+!                          - (<b h i> psi lse)
+!                      )
+!                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
+!                      - (<b h i> psi delta))
+!                      * (<b h j2 c> psi K)
+!                  )
+! dK[b, h, j, c] = sum[i2 < n](
+!                      scale
+!                      * exp(
+!                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
+!                          - (<b h i2> psi lse)
+!                      )
+!                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
+!                      - (<b h i2> psi delta))
+!                      * (<b h i2 c> psi Q)
+!                  )
+! dV[b, h, j, c] = sum[i3 < n](
+!                      exp(
+!                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
+!                          - (<b h i3> psi lse)
+!                      )
+!                      * (<b h i3 c> psi dO)
+!                  )
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -24,37 +54,30 @@ contains
     real(c_double), intent(out) :: dK(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: dV(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: delta(0:batch * heads * n - 1)
-    integer(c_int64_t) :: b, h, i, c, j
+    integer(c_int64_t) :: b, h, i, c, j, dO_row, O_row, V_row, Q_row
     real(c_double) :: rowdot, qk, dov, t, t2, t3
 
-    ! delta: from the DNF
-    ! delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
-    !$omp parallel do collapse(3) schedule(static) private(c, rowdot)
+    ! delta: reads dO, O; scratch delta
+    ! for b, h, i (parallel) / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, dO_row, O_row, rowdot)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dO_row = d*(i + n*(b*heads + h))
+          O_row = d*(i + n*(b*heads + h))
           rowdot = 0.0_c_double
           !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
-            rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
+            rowdot = rowdot + dO(dO_row + c) * O(O_row + c)
           end do
           delta(i + n*(b*heads + h)) = rowdot
         end do
       end do
     end do
     !$omp end parallel do
-    ! dQ: from the DNF
-    ! dQ[b, h, i, c] = sum[j2 < n](
-    !                      scale
-    !                      * exp(
-    !                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
-    !                          - (<b h i> psi lse)
-    !                      )
-    !                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
-    !                      - (<b h i> psi delta))
-    !                      * (<b h j2 c> psi K)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, j, qk, dov, t)
+    ! dQ: writes dQ; reads Q, K, dO, V, lse; scratch delta
+    ! for b, h, i (parallel) / c (simd), j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j, V_row, qk, dov, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
@@ -63,6 +86,7 @@ contains
             dQ(c + d*(i + n*(b*heads + h))) = 0.0_c_double
           end do
           do j = 0, n - 1
+            V_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
@@ -71,7 +95,7 @@ contains
             dov = 0.0_c_double
             !$omp simd reduction(+:dov)
             do c = 0, d - 1
-              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
+              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(V_row + c)
             end do
             t = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - delta(i + n*(b*heads &
                 & + h)))
@@ -85,18 +109,9 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dK: from the DNF
-    ! dK[b, h, j, c] = sum[i2 < n](
-    !                      scale
-    !                      * exp(
-    !                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
-    !                          - (<b h i2> psi lse)
-    !                      )
-    !                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
-    !                      - (<b h i2> psi delta))
-    !                      * (<b h i2 c> psi Q)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, i, qk, dov, t2)
+    ! dK: writes dK; reads Q, K, dO, V, lse; scratch delta
+    ! for b, h, j (parallel) / c (simd), i / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, i, dO_row, qk, dov, t2)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
@@ -105,6 +120,7 @@ contains
             dK(c + d*(j + n*(b*heads + h))) = 0.0_c_double
           end do
           do i = 0, n - 1
+            dO_row = d*(i + n*(b*heads + h))
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
@@ -113,7 +129,7 @@ contains
             dov = 0.0_c_double
             !$omp simd reduction(+:dov)
             do c = 0, d - 1
-              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
+              dov = dov + dO(dO_row + c) * V(c + d*(j + n*(b*heads + h)))
             end do
             t2 = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - delta(i + n*(b*heads &
                 & + h)))
@@ -127,15 +143,9 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dV: from the DNF
-    ! dV[b, h, j, c] = sum[i3 < n](
-    !                      exp(
-    !                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
-    !                          - (<b h i3> psi lse)
-    !                      )
-    !                      * (<b h i3 c> psi dO)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, i, qk, t3)
+    ! dV: writes dV; reads Q, K, lse, dO
+    ! for b, h, j (parallel) / c (simd), i / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, i, Q_row, dO_row, qk, t3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
@@ -144,16 +154,18 @@ contains
             dV(c + d*(j + n*(b*heads + h))) = 0.0_c_double
           end do
           do i = 0, n - 1
+            Q_row = d*(i + n*(b*heads + h))
+            dO_row = d*(i + n*(b*heads + h))
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+              qk = qk + Q(Q_row + c) * K(c + d*(j + n*(b*heads + h)))
             end do
             t3 = exp(scale * qk - lse(i + n*(b*heads + h)))
             !$omp simd
             do c = 0, d - 1
-              dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t3 * dO(c + &
-                  & d*(i + n*(b*heads + h)))
+              dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t3 * dO(dO_row &
+                  & + c)
             end do
           end do
         end do
@@ -177,37 +189,30 @@ contains
     real(c_float), intent(out) :: dK(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: dV(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: delta(0:batch * heads * n - 1)
-    integer(c_int64_t) :: b, h, i, c, j
+    integer(c_int64_t) :: b, h, i, c, j, dO_row, O_row, V_row, Q_row
     real(c_float) :: rowdot, qk, dov, t, t2, t3
 
-    ! delta: from the DNF
-    ! delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
-    !$omp parallel do collapse(3) schedule(static) private(c, rowdot)
+    ! delta: reads dO, O; scratch delta
+    ! for b, h, i (parallel) / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, dO_row, O_row, rowdot)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dO_row = d*(i + n*(b*heads + h))
+          O_row = d*(i + n*(b*heads + h))
           rowdot = 0.0_c_float
           !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
-            rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
+            rowdot = rowdot + dO(dO_row + c) * O(O_row + c)
           end do
           delta(i + n*(b*heads + h)) = rowdot
         end do
       end do
     end do
     !$omp end parallel do
-    ! dQ: from the DNF
-    ! dQ[b, h, i, c] = sum[j2 < n](
-    !                      scale
-    !                      * exp(
-    !                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
-    !                          - (<b h i> psi lse)
-    !                      )
-    !                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
-    !                      - (<b h i> psi delta))
-    !                      * (<b h j2 c> psi K)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, j, qk, dov, t)
+    ! dQ: writes dQ; reads Q, K, dO, V, lse; scratch delta
+    ! for b, h, i (parallel) / c (simd), j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j, V_row, qk, dov, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
@@ -216,6 +221,7 @@ contains
             dQ(c + d*(i + n*(b*heads + h))) = 0.0_c_float
           end do
           do j = 0, n - 1
+            V_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
@@ -224,7 +230,7 @@ contains
             dov = 0.0_c_float
             !$omp simd reduction(+:dov)
             do c = 0, d - 1
-              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
+              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(V_row + c)
             end do
             t = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - delta(i + n*(b*heads &
                 & + h)))
@@ -238,18 +244,9 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dK: from the DNF
-    ! dK[b, h, j, c] = sum[i2 < n](
-    !                      scale
-    !                      * exp(
-    !                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
-    !                          - (<b h i2> psi lse)
-    !                      )
-    !                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
-    !                      - (<b h i2> psi delta))
-    !                      * (<b h i2 c> psi Q)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, i, qk, dov, t2)
+    ! dK: writes dK; reads Q, K, dO, V, lse; scratch delta
+    ! for b, h, j (parallel) / c (simd), i / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, i, dO_row, qk, dov, t2)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
@@ -258,6 +255,7 @@ contains
             dK(c + d*(j + n*(b*heads + h))) = 0.0_c_float
           end do
           do i = 0, n - 1
+            dO_row = d*(i + n*(b*heads + h))
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
@@ -266,7 +264,7 @@ contains
             dov = 0.0_c_float
             !$omp simd reduction(+:dov)
             do c = 0, d - 1
-              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
+              dov = dov + dO(dO_row + c) * V(c + d*(j + n*(b*heads + h)))
             end do
             t2 = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - delta(i + n*(b*heads &
                 & + h)))
@@ -280,15 +278,9 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dV: from the DNF
-    ! dV[b, h, j, c] = sum[i3 < n](
-    !                      exp(
-    !                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
-    !                          - (<b h i3> psi lse)
-    !                      )
-    !                      * (<b h i3 c> psi dO)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, i, qk, t3)
+    ! dV: writes dV; reads Q, K, lse, dO
+    ! for b, h, j (parallel) / c (simd), i / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, i, Q_row, dO_row, qk, t3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
@@ -297,16 +289,18 @@ contains
             dV(c + d*(j + n*(b*heads + h))) = 0.0_c_float
           end do
           do i = 0, n - 1
+            Q_row = d*(i + n*(b*heads + h))
+            dO_row = d*(i + n*(b*heads + h))
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+              qk = qk + Q(Q_row + c) * K(c + d*(j + n*(b*heads + h)))
             end do
             t3 = exp(scale * qk - lse(i + n*(b*heads + h)))
             !$omp simd
             do c = 0, d - 1
-              dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t3 * dO(c + &
-                  & d*(i + n*(b*heads + h)))
+              dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t3 * dO(dO_row &
+                  & + c)
             end do
           end do
         end do

@@ -2,6 +2,20 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: hoist(); parallel(b, h, i, nest=P); parallel(b, h, i, nest=dS); parallel(b, h, i, nest=delta); parallel(b, h, i, nest=dQ); parallel(b, h, j, nest=dK); parallel(b, h, j, nest=dV); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran attention_bwd --variant naive
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! P[b, h, i, j] = exp(
+!                     scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+!                     - (<b h i> psi lse)
+!                 )
+! delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+! dS[b, h, i, j] = scale
+!                  * (<b h i j> psi P)
+!                  * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j c3> psi V))
+!                  - (<b h i> psi delta))
+! dQ[b, h, i, c] = sum[j2 < n]((<b h i j2> psi dS) * (<b h j2 c> psi K))
+! dK[b, h, j, c] = sum[i2 < n]((<b h i2 j> psi dS) * (<b h i2 c> psi Q))
+! dV[b, h, j, c] = sum[i3 < n]((<b h i3 j> psi P) * (<b h i3 c> psi dO))
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -26,117 +40,121 @@ contains
     real(c_double), intent(out) :: P(0:batch * heads * n * n - 1)
     real(c_double), intent(out) :: delta(0:batch * heads * n - 1)
     real(c_double), intent(out) :: dS(0:batch * heads * n * n - 1)
-    integer(c_int64_t) :: b, h, i, j, c
+    integer(c_int64_t) :: b, h, i, j, c, P_row, K_row, dO_row, O_row, dS_row, V_row, dQ_row, &
+        & dK_row, dV_row
     real(c_double) :: qk, rowdot, dov, acc
 
-    ! P: from the DNF
-    ! P[b, h, i, j] = exp(
-    !                     scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-    !                     - (<b h i> psi lse)
-    !                 )
-    !$omp parallel do collapse(3) schedule(static) private(j, c, qk)
+    ! P: reads Q, K, lse; scratch P
+    ! for b, h, i (parallel) / j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(j, c, P_row, K_row, qk)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          P_row = n*(i + n*(b*heads + h))
           do j = 0, n - 1
+            K_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
             end do
-            P(j + n*(i + n*(b*heads + h))) = exp(scale * qk - lse(i + n*(b*heads + h)))
+            P(P_row + j) = exp(scale * qk - lse(i + n*(b*heads + h)))
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! delta: from the DNF
-    ! delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
-    !$omp parallel do collapse(3) schedule(static) private(c, rowdot)
+    ! delta: reads dO, O; scratch delta
+    ! for b, h, i (parallel) / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, dO_row, O_row, rowdot)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dO_row = d*(i + n*(b*heads + h))
+          O_row = d*(i + n*(b*heads + h))
           rowdot = 0.0_c_double
           !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
-            rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
+            rowdot = rowdot + dO(dO_row + c) * O(O_row + c)
           end do
           delta(i + n*(b*heads + h)) = rowdot
         end do
       end do
     end do
     !$omp end parallel do
-    ! dS: from the DNF
-    ! dS[b, h, i, j] = scale
-    !                  * (<b h i j> psi P)
-    !                  * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j c3> psi V))
-    !                  - (<b h i> psi delta))
-    !$omp parallel do collapse(3) schedule(static) private(j, c, dov)
+    ! dS: reads dO, V; scratch dS, P, delta
+    ! for b, h, i (parallel) / j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(j, c, dS_row, P_row, V_row, dov)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dS_row = n*(i + n*(b*heads + h))
+          P_row = n*(i + n*(b*heads + h))
           do j = 0, n - 1
+            V_row = d*(j + n*(b*heads + h))
             dov = 0.0_c_double
             !$omp simd reduction(+:dov)
             do c = 0, d - 1
-              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
+              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(V_row + c)
             end do
-            dS(j + n*(i + n*(b*heads + h))) = scale * P(j + n*(i + n*(b*heads + h))) * (dov - &
-                & delta(i + n*(b*heads + h)))
+            dS(dS_row + j) = scale * P(P_row + j) * (dov - delta(i + n*(b*heads + h)))
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dQ: from the DNF
-    ! dQ[b, h, i, c] = sum[j2 < n]((<b h i j2> psi dS) * (<b h j2 c> psi K))
-    !$omp parallel do collapse(3) schedule(static) private(c, j, acc)
+    ! dQ: writes dQ; reads K; scratch dS
+    ! for b, h, i (parallel) / c / j (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j, dQ_row, acc)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dQ_row = d*(i + n*(b*heads + h))
           do c = 0, d - 1
             acc = 0.0_c_double
             !$omp simd reduction(+:acc)
             do j = 0, n - 1
               acc = acc + dS(j + n*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
-            dQ(c + d*(i + n*(b*heads + h))) = acc
+            dQ(dQ_row + c) = acc
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dK: from the DNF
-    ! dK[b, h, j, c] = sum[i2 < n]((<b h i2 j> psi dS) * (<b h i2 c> psi Q))
-    !$omp parallel do collapse(3) schedule(static) private(c, i, acc)
+    ! dK: writes dK; reads Q; scratch dS
+    ! for b, h, j (parallel) / c / i (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, i, dK_row, acc)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          dK_row = d*(j + n*(b*heads + h))
           do c = 0, d - 1
             acc = 0.0_c_double
             !$omp simd reduction(+:acc)
             do i = 0, n - 1
               acc = acc + dS(j + n*(i + n*(b*heads + h))) * Q(c + d*(i + n*(b*heads + h)))
             end do
-            dK(c + d*(j + n*(b*heads + h))) = acc
+            dK(dK_row + c) = acc
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dV: from the DNF
-    ! dV[b, h, j, c] = sum[i3 < n]((<b h i3 j> psi P) * (<b h i3 c> psi dO))
-    !$omp parallel do collapse(3) schedule(static) private(c, i, acc)
+    ! dV: writes dV; reads dO; scratch P
+    ! for b, h, j (parallel) / c / i (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, i, dV_row, acc)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          dV_row = d*(j + n*(b*heads + h))
           do c = 0, d - 1
             acc = 0.0_c_double
             !$omp simd reduction(+:acc)
             do i = 0, n - 1
               acc = acc + P(j + n*(i + n*(b*heads + h))) * dO(c + d*(i + n*(b*heads + h)))
             end do
-            dV(c + d*(j + n*(b*heads + h))) = acc
+            dV(dV_row + c) = acc
           end do
         end do
       end do
@@ -161,117 +179,121 @@ contains
     real(c_float), intent(out) :: P(0:batch * heads * n * n - 1)
     real(c_float), intent(out) :: delta(0:batch * heads * n - 1)
     real(c_float), intent(out) :: dS(0:batch * heads * n * n - 1)
-    integer(c_int64_t) :: b, h, i, j, c
+    integer(c_int64_t) :: b, h, i, j, c, P_row, K_row, dO_row, O_row, dS_row, V_row, dQ_row, &
+        & dK_row, dV_row
     real(c_float) :: qk, rowdot, dov, acc
 
-    ! P: from the DNF
-    ! P[b, h, i, j] = exp(
-    !                     scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-    !                     - (<b h i> psi lse)
-    !                 )
-    !$omp parallel do collapse(3) schedule(static) private(j, c, qk)
+    ! P: reads Q, K, lse; scratch P
+    ! for b, h, i (parallel) / j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(j, c, P_row, K_row, qk)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          P_row = n*(i + n*(b*heads + h))
           do j = 0, n - 1
+            K_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
             end do
-            P(j + n*(i + n*(b*heads + h))) = exp(scale * qk - lse(i + n*(b*heads + h)))
+            P(P_row + j) = exp(scale * qk - lse(i + n*(b*heads + h)))
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! delta: from the DNF
-    ! delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
-    !$omp parallel do collapse(3) schedule(static) private(c, rowdot)
+    ! delta: reads dO, O; scratch delta
+    ! for b, h, i (parallel) / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, dO_row, O_row, rowdot)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dO_row = d*(i + n*(b*heads + h))
+          O_row = d*(i + n*(b*heads + h))
           rowdot = 0.0_c_float
           !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
-            rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
+            rowdot = rowdot + dO(dO_row + c) * O(O_row + c)
           end do
           delta(i + n*(b*heads + h)) = rowdot
         end do
       end do
     end do
     !$omp end parallel do
-    ! dS: from the DNF
-    ! dS[b, h, i, j] = scale
-    !                  * (<b h i j> psi P)
-    !                  * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j c3> psi V))
-    !                  - (<b h i> psi delta))
-    !$omp parallel do collapse(3) schedule(static) private(j, c, dov)
+    ! dS: reads dO, V; scratch dS, P, delta
+    ! for b, h, i (parallel) / j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(j, c, dS_row, P_row, V_row, dov)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dS_row = n*(i + n*(b*heads + h))
+          P_row = n*(i + n*(b*heads + h))
           do j = 0, n - 1
+            V_row = d*(j + n*(b*heads + h))
             dov = 0.0_c_float
             !$omp simd reduction(+:dov)
             do c = 0, d - 1
-              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
+              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(V_row + c)
             end do
-            dS(j + n*(i + n*(b*heads + h))) = scale * P(j + n*(i + n*(b*heads + h))) * (dov - &
-                & delta(i + n*(b*heads + h)))
+            dS(dS_row + j) = scale * P(P_row + j) * (dov - delta(i + n*(b*heads + h)))
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dQ: from the DNF
-    ! dQ[b, h, i, c] = sum[j2 < n]((<b h i j2> psi dS) * (<b h j2 c> psi K))
-    !$omp parallel do collapse(3) schedule(static) private(c, j, acc)
+    ! dQ: writes dQ; reads K; scratch dS
+    ! for b, h, i (parallel) / c / j (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j, dQ_row, acc)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dQ_row = d*(i + n*(b*heads + h))
           do c = 0, d - 1
             acc = 0.0_c_float
             !$omp simd reduction(+:acc)
             do j = 0, n - 1
               acc = acc + dS(j + n*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
-            dQ(c + d*(i + n*(b*heads + h))) = acc
+            dQ(dQ_row + c) = acc
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dK: from the DNF
-    ! dK[b, h, j, c] = sum[i2 < n]((<b h i2 j> psi dS) * (<b h i2 c> psi Q))
-    !$omp parallel do collapse(3) schedule(static) private(c, i, acc)
+    ! dK: writes dK; reads Q; scratch dS
+    ! for b, h, j (parallel) / c / i (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, i, dK_row, acc)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          dK_row = d*(j + n*(b*heads + h))
           do c = 0, d - 1
             acc = 0.0_c_float
             !$omp simd reduction(+:acc)
             do i = 0, n - 1
               acc = acc + dS(j + n*(i + n*(b*heads + h))) * Q(c + d*(i + n*(b*heads + h)))
             end do
-            dK(c + d*(j + n*(b*heads + h))) = acc
+            dK(dK_row + c) = acc
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dV: from the DNF
-    ! dV[b, h, j, c] = sum[i3 < n]((<b h i3 j> psi P) * (<b h i3 c> psi dO))
-    !$omp parallel do collapse(3) schedule(static) private(c, i, acc)
+    ! dV: writes dV; reads dO; scratch P
+    ! for b, h, j (parallel) / c / i (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, i, dV_row, acc)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          dV_row = d*(j + n*(b*heads + h))
           do c = 0, d - 1
             acc = 0.0_c_float
             !$omp simd reduction(+:acc)
             do i = 0, n - 1
               acc = acc + P(j + n*(i + n*(b*heads + h))) * dO(c + d*(i + n*(b*heads + h)))
             end do
-            dV(c + d*(j + n*(b*heads + h))) = acc
+            dV(dV_row + c) = acc
           end do
         end do
       end do

@@ -4,11 +4,7 @@
  * Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h)); hoist(); gpu_threads(b, h, 128 a block); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda attention_decode --variant dnf
  */
-#include <math.h>
-#include <stdint.h>
-#include <cuda_runtime.h>
-
-/* heads: from the DNF
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
  * O[b, h, c] = sum[j < n](
  *                  exp(
  *                      scale
@@ -60,6 +56,14 @@
  *                     )
  *                 )
  *             )
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+/* heads: writes O, lse; reads K, q, V
+ * for b, h (parallel) / c (simd), j / c (simd)
  */
 __global__ void attention_decode_dnf_f64_heads(
     const double *__restrict__ q,
@@ -86,30 +90,34 @@ __global__ void attention_decode_dnf_f64_heads(
     double row_max = -INFINITY;
     const int64_t quot = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(cap*(b*kv_heads + quot) + j);
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + quot) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[K_row + c] * q[c + d*(b*q_heads + h)];
         }
         row_max = fmax(row_max, scale * qk);
     }
     double row_sum = 0.0;
     const int64_t quot2 = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(cap*(b*kv_heads + quot2) + j);
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + quot2) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[K_row + c] * q[c + d*(b*q_heads + h)];
         }
         row_sum += exp(scale * qk - row_max);
     }
     const int64_t quot3 = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(cap*(b*kv_heads + quot3) + j);
+        const int64_t V_row = d*(cap*(b*kv_heads + quot3) + j);
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + quot3) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[K_row + c] * q[c + d*(b*q_heads + h)];
         }
         const double t = exp(scale * qk - row_max) / row_sum;
         for (int64_t c = 0; c < d; ++c) {
-            O[c + d*(b*q_heads + h)] += t * V[c + d*(cap*(b*kv_heads + quot3) + j)];
+            O[c + d*(b*q_heads + h)] += t * V[V_row + c];
         }
     }
     lse[b*q_heads + h] = row_max + log(row_sum);
@@ -132,9 +140,8 @@ extern "C" int attention_decode_dnf_f64(
     double scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*q_heads;
+        const int64_t count = batch*q_heads, threads = 128;
         attention_decode_dnf_f64_heads<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             q, K, V, O, lse, batch, q_heads, d, kv_heads, cap, n, scale);
         const cudaError_t err = cudaGetLastError();
@@ -143,58 +150,8 @@ extern "C" int attention_decode_dnf_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* heads: from the DNF
- * O[b, h, c] = sum[j < n](
- *                  exp(
- *                      scale
- *                      * sum[c2 < d](
- *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
- *                      )
- *                      - max[j2 < n](
- *                          scale
- *                          * sum[c3 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
- *                          )
- *                      )
- *                  )
- *                  / sum[j3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c4 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
- *                          )
- *                          - max[j4 < n](
- *                              scale
- *                              * sum[c5 < d](
- *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
- *                              )
- *                          )
- *                      )
- *                  )
- *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
- *              )
- * lse[b, h] = max[j5 < n](
- *                 scale
- *                 * sum[c6 < d](
- *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
- *                 )
- *             )
- *             + log(
- *                 sum[j6 < n](
- *                     exp(
- *                         scale
- *                         * sum[c7 < d](
- *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
- *                         )
- *                         - max[j7 < n](
- *                             scale
- *                             * sum[c8 < d](
- *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
- *                             )
- *                         )
- *                     )
- *                 )
- *             )
+/* heads: writes O, lse; reads K, q, V
+ * for b, h (parallel) / c (simd), j / c (simd)
  */
 __global__ void attention_decode_dnf_f32_heads(
     const float *__restrict__ q,
@@ -221,30 +178,34 @@ __global__ void attention_decode_dnf_f32_heads(
     float row_max = -INFINITY;
     const int64_t quot = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(cap*(b*kv_heads + quot) + j);
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + quot) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[K_row + c] * q[c + d*(b*q_heads + h)];
         }
         row_max = fmaxf(row_max, scale * qk);
     }
     float row_sum = 0.0f;
     const int64_t quot2 = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(cap*(b*kv_heads + quot2) + j);
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + quot2) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[K_row + c] * q[c + d*(b*q_heads + h)];
         }
         row_sum += expf(scale * qk - row_max);
     }
     const int64_t quot3 = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(cap*(b*kv_heads + quot3) + j);
+        const int64_t V_row = d*(cap*(b*kv_heads + quot3) + j);
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + quot3) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[K_row + c] * q[c + d*(b*q_heads + h)];
         }
         const float t = expf(scale * qk - row_max) / row_sum;
         for (int64_t c = 0; c < d; ++c) {
-            O[c + d*(b*q_heads + h)] += t * V[c + d*(cap*(b*kv_heads + quot3) + j)];
+            O[c + d*(b*q_heads + h)] += t * V[V_row + c];
         }
     }
     lse[b*q_heads + h] = row_max + logf(row_sum);
@@ -267,9 +228,8 @@ extern "C" int attention_decode_dnf_f32(
     float scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*q_heads;
+        const int64_t count = batch*q_heads, threads = 128;
         attention_decode_dnf_f32_heads<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             q, K, V, O, lse, batch, q_heads, d, kv_heads, cap, n, scale);
         const cudaError_t err = cudaGetLastError();

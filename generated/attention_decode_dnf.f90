@@ -2,6 +2,59 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h)); hoist(); parallel(b, h); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran attention_decode --variant dnf
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! O[b, h, c] = sum[j < n](
+!                  exp(
+!                      scale
+!                      * sum[c2 < d](
+!                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
+!                      )
+!                      - max[j2 < n](
+!                          scale
+!                          * sum[c3 < d](
+!                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
+!                          )
+!                      )
+!                  )
+!                  / sum[j3 < n](
+!                      exp(
+!                          scale
+!                          * sum[c4 < d](
+!                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
+!                          )
+!                          - max[j4 < n](
+!                              scale
+!                              * sum[c5 < d](
+!                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
+!                              )
+!                          )
+!                      )
+!                  )
+!                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
+!              )
+! lse[b, h] = max[j5 < n](
+!                 scale
+!                 * sum[c6 < d](
+!                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
+!                 )
+!             )
+!             + log(
+!                 sum[j6 < n](
+!                     exp(
+!                         scale
+!                         * sum[c7 < d](
+!                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
+!                         )
+!                         - max[j7 < n](
+!                             scale
+!                             * sum[c8 < d](
+!                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
+!                             )
+!                         )
+!                     )
+!                 )
+!             )
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_negative_inf
@@ -19,66 +72,16 @@ contains
     real(c_double), intent(in) :: V(0:batch * kv_heads * cap * d - 1)
     real(c_double), intent(out) :: O(0:batch * q_heads * d - 1)
     real(c_double), intent(out) :: lse(0:batch * q_heads - 1)
-    integer(c_int64_t) :: b, h, c, j, quot, quot2, quot3
+    integer(c_int64_t) :: b, h, c, j, quot, quot2, quot3, K_row, V_row
     real(c_double) :: row_max, qk, row_sum, t
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
 
-    ! heads: from the DNF
-    ! O[b, h, c] = sum[j < n](
-    !                  exp(
-    !                      scale
-    !                      * sum[c2 < d](
-    !                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-    !                      )
-    !                      - max[j2 < n](
-    !                          scale
-    !                          * sum[c3 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-    !                          )
-    !                      )
-    !                  )
-    !                  / sum[j3 < n](
-    !                      exp(
-    !                          scale
-    !                          * sum[c4 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-    !                          )
-    !                          - max[j4 < n](
-    !                              scale
-    !                              * sum[c5 < d](
-    !                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-    !                              )
-    !                          )
-    !                      )
-    !                  )
-    !                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-    !              )
-    ! lse[b, h] = max[j5 < n](
-    !                 scale
-    !                 * sum[c6 < d](
-    !                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-    !                 )
-    !             )
-    !             + log(
-    !                 sum[j6 < n](
-    !                     exp(
-    !                         scale
-    !                         * sum[c7 < d](
-    !                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-    !                         )
-    !                         - max[j7 < n](
-    !                             scale
-    !                             * sum[c8 < d](
-    !                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-    !                             )
-    !                         )
-    !                     )
-    !                 )
-    !             )
-    !$omp parallel do collapse(2) schedule(static) private(c, j, quot, quot2, quot3, row_max, qk, &
-    !$omp& row_sum, t)
+    ! heads: writes O, lse; reads K, q, V
+    ! for b, h (parallel) / c (simd), j / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(c, j, quot, quot2, quot3, K_row, &
+    !$omp& V_row, row_max, qk, row_sum, t)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
         !$omp simd
@@ -88,35 +91,38 @@ contains
         row_max = neg_inf
         quot = ((h) / (((q_heads) / kv_heads)))
         do j = 0, n - 1
+          K_row = d*(cap*(b*kv_heads + quot) + j)
           qk = 0.0_c_double
           !$omp simd reduction(+:qk)
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + quot) + j)) * q(c + d*(b*q_heads + h))
+            qk = qk + K(K_row + c) * q(c + d*(b*q_heads + h))
           end do
           row_max = max(row_max, scale * qk)
         end do
         row_sum = 0.0_c_double
         quot2 = ((h) / (((q_heads) / kv_heads)))
         do j = 0, n - 1
+          K_row = d*(cap*(b*kv_heads + quot2) + j)
           qk = 0.0_c_double
           !$omp simd reduction(+:qk)
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + quot2) + j)) * q(c + d*(b*q_heads + h))
+            qk = qk + K(K_row + c) * q(c + d*(b*q_heads + h))
           end do
           row_sum = row_sum + exp(scale * qk - row_max)
         end do
         quot3 = ((h) / (((q_heads) / kv_heads)))
         do j = 0, n - 1
+          K_row = d*(cap*(b*kv_heads + quot3) + j)
+          V_row = d*(cap*(b*kv_heads + quot3) + j)
           qk = 0.0_c_double
           !$omp simd reduction(+:qk)
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + quot3) + j)) * q(c + d*(b*q_heads + h))
+            qk = qk + K(K_row + c) * q(c + d*(b*q_heads + h))
           end do
           t = exp(scale * qk - row_max) / row_sum
           !$omp simd
           do c = 0, d - 1
-            O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) + t * V(c + d*(cap*(b*kv_heads + &
-                & quot3) + j))
+            O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) + t * V(V_row + c)
           end do
         end do
         lse(b*q_heads + h) = row_max + log(row_sum)
@@ -134,66 +140,16 @@ contains
     real(c_float), intent(in) :: V(0:batch * kv_heads * cap * d - 1)
     real(c_float), intent(out) :: O(0:batch * q_heads * d - 1)
     real(c_float), intent(out) :: lse(0:batch * q_heads - 1)
-    integer(c_int64_t) :: b, h, c, j, quot, quot2, quot3
+    integer(c_int64_t) :: b, h, c, j, quot, quot2, quot3, K_row, V_row
     real(c_float) :: row_max, qk, row_sum, t
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
 
-    ! heads: from the DNF
-    ! O[b, h, c] = sum[j < n](
-    !                  exp(
-    !                      scale
-    !                      * sum[c2 < d](
-    !                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-    !                      )
-    !                      - max[j2 < n](
-    !                          scale
-    !                          * sum[c3 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-    !                          )
-    !                      )
-    !                  )
-    !                  / sum[j3 < n](
-    !                      exp(
-    !                          scale
-    !                          * sum[c4 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-    !                          )
-    !                          - max[j4 < n](
-    !                              scale
-    !                              * sum[c5 < d](
-    !                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-    !                              )
-    !                          )
-    !                      )
-    !                  )
-    !                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-    !              )
-    ! lse[b, h] = max[j5 < n](
-    !                 scale
-    !                 * sum[c6 < d](
-    !                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-    !                 )
-    !             )
-    !             + log(
-    !                 sum[j6 < n](
-    !                     exp(
-    !                         scale
-    !                         * sum[c7 < d](
-    !                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-    !                         )
-    !                         - max[j7 < n](
-    !                             scale
-    !                             * sum[c8 < d](
-    !                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-    !                             )
-    !                         )
-    !                     )
-    !                 )
-    !             )
-    !$omp parallel do collapse(2) schedule(static) private(c, j, quot, quot2, quot3, row_max, qk, &
-    !$omp& row_sum, t)
+    ! heads: writes O, lse; reads K, q, V
+    ! for b, h (parallel) / c (simd), j / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(c, j, quot, quot2, quot3, K_row, &
+    !$omp& V_row, row_max, qk, row_sum, t)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
         !$omp simd
@@ -203,35 +159,38 @@ contains
         row_max = neg_inf
         quot = ((h) / (((q_heads) / kv_heads)))
         do j = 0, n - 1
+          K_row = d*(cap*(b*kv_heads + quot) + j)
           qk = 0.0_c_float
           !$omp simd reduction(+:qk)
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + quot) + j)) * q(c + d*(b*q_heads + h))
+            qk = qk + K(K_row + c) * q(c + d*(b*q_heads + h))
           end do
           row_max = max(row_max, scale * qk)
         end do
         row_sum = 0.0_c_float
         quot2 = ((h) / (((q_heads) / kv_heads)))
         do j = 0, n - 1
+          K_row = d*(cap*(b*kv_heads + quot2) + j)
           qk = 0.0_c_float
           !$omp simd reduction(+:qk)
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + quot2) + j)) * q(c + d*(b*q_heads + h))
+            qk = qk + K(K_row + c) * q(c + d*(b*q_heads + h))
           end do
           row_sum = row_sum + exp(scale * qk - row_max)
         end do
         quot3 = ((h) / (((q_heads) / kv_heads)))
         do j = 0, n - 1
+          K_row = d*(cap*(b*kv_heads + quot3) + j)
+          V_row = d*(cap*(b*kv_heads + quot3) + j)
           qk = 0.0_c_float
           !$omp simd reduction(+:qk)
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + quot3) + j)) * q(c + d*(b*q_heads + h))
+            qk = qk + K(K_row + c) * q(c + d*(b*q_heads + h))
           end do
           t = exp(scale * qk - row_max) / row_sum
           !$omp simd
           do c = 0, d - 1
-            O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) + t * V(c + d*(cap*(b*kv_heads + &
-                & quot3) + j))
+            O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) + t * V(V_row + c)
           end do
         end do
         lse(b*q_heads + h) = row_max + log(row_sum)

@@ -4,6 +4,60 @@
  * Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h)); hoist(); online_softmax(heads, block=64); split_loop(heads, h = idiv(q_heads, kv_heads)*g + r); lower_reductions(); unroll_jam(heads, r, 4); parallel(b, g, r_tile, nest=heads); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c attention_decode --variant online
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * O[b, h, c] = sum[j < n](
+ *                  exp(
+ *                      scale
+ *                      * sum[c2 < d](
+ *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
+ *                      )
+ *                      - max[j2 < n](
+ *                          scale
+ *                          * sum[c3 < d](
+ *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
+ *                          )
+ *                      )
+ *                  )
+ *                  / sum[j3 < n](
+ *                      exp(
+ *                          scale
+ *                          * sum[c4 < d](
+ *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
+ *                          )
+ *                          - max[j4 < n](
+ *                              scale
+ *                              * sum[c5 < d](
+ *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
+ *                              )
+ *                          )
+ *                      )
+ *                  )
+ *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
+ *              )
+ * lse[b, h] = max[j5 < n](
+ *                 scale
+ *                 * sum[c6 < d](
+ *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
+ *                 )
+ *             )
+ *             + log(
+ *                 sum[j6 < n](
+ *                     exp(
+ *                         scale
+ *                         * sum[c7 < d](
+ *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
+ *                         )
+ *                         - max[j7 < n](
+ *                             scale
+ *                             * sum[c8 < d](
+ *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
+ *                             )
+ *                         )
+ *                     )
+ *                 )
+ *             )
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -34,58 +88,8 @@ void attention_decode_online_f64(
     double scale
 )
 {
-    /* heads: from the DNF
-     * O[b, h, c] = sum[j < n](
-     *                  exp(
-     *                      scale
-     *                      * sum[c2 < d](
-     *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-     *                      )
-     *                      - max[j2 < n](
-     *                          scale
-     *                          * sum[c3 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-     *                          )
-     *                      )
-     *                  )
-     *                  / sum[j3 < n](
-     *                      exp(
-     *                          scale
-     *                          * sum[c4 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-     *                          )
-     *                          - max[j4 < n](
-     *                              scale
-     *                              * sum[c5 < d](
-     *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-     *                              )
-     *                          )
-     *                      )
-     *                  )
-     *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-     *              )
-     * lse[b, h] = max[j5 < n](
-     *                 scale
-     *                 * sum[c6 < d](
-     *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-     *                 )
-     *             )
-     *             + log(
-     *                 sum[j6 < n](
-     *                     exp(
-     *                         scale
-     *                         * sum[c7 < d](
-     *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-     *                         )
-     *                         - max[j7 < n](
-     *                             scale
-     *                             * sum[c8 < d](
-     *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-     *                             )
-     *                         )
-     *                     )
-     *                 )
-     *             )
+    /* heads: writes O, lse; reads K, q, V; scratch probs
+     * for b, g, r_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
      */
     const int64_t quot = ((q_heads) / kv_heads);
     #pragma omp parallel for collapse(3) schedule(static)
@@ -109,16 +113,17 @@ void attention_decode_online_f64(
                 double row_sum_3 = 0.0;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = d*(cap*(b*kv_heads + g) + j);
                         double qk_0 = 0.0;
                         double qk_1 = 0.0;
                         double qk_2 = 0.0;
                         double qk_3 = 0.0;
                         #pragma omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
                         for (int64_t c = 0; c < d; ++c) {
-                            qk_0 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*quot + 4*r_tile)];
-                            qk_1 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 1)];
-                            qk_2 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 2)];
-                            qk_3 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 3)];
+                            qk_0 += K[K_row + c] * q[c + d*(b*q_heads + g*quot + 4*r_tile)];
+                            qk_1 += K[K_row + c] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 1)];
+                            qk_2 += K[K_row + c] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 2)];
+                            qk_3 += K[K_row + c] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 3)];
                         }
                         probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile] = scale * qk_0;
                         probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64] = scale * qk_1;
@@ -174,16 +179,17 @@ void attention_decode_online_f64(
                         O[c + d*(b*q_heads + g*quot + 4*r_tile + 3)] = O[c + d*(b*q_heads + g*quot + 4*r_tile + 3)] * rescale_3;
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
                         const double t_0 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile];
                         const double t_1 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64];
                         const double t_2 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128];
                         const double t_3 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(b*q_heads + g*quot + 4*r_tile)] += t_0 * V[c + d*(cap*(b*kv_heads + g) + j)];
-                            O[c + d*(b*q_heads + g*quot + 4*r_tile + 1)] += t_1 * V[c + d*(cap*(b*kv_heads + g) + j)];
-                            O[c + d*(b*q_heads + g*quot + 4*r_tile + 2)] += t_2 * V[c + d*(cap*(b*kv_heads + g) + j)];
-                            O[c + d*(b*q_heads + g*quot + 4*r_tile + 3)] += t_3 * V[c + d*(cap*(b*kv_heads + g) + j)];
+                            O[c + d*(b*q_heads + g*quot + 4*r_tile)] += t_0 * V[V_row + c];
+                            O[c + d*(b*q_heads + g*quot + 4*r_tile + 1)] += t_1 * V[V_row + c];
+                            O[c + d*(b*q_heads + g*quot + 4*r_tile + 2)] += t_2 * V[V_row + c];
+                            O[c + d*(b*q_heads + g*quot + 4*r_tile + 3)] += t_3 * V[V_row + c];
                         }
                     }
                     row_max_0 = new_max_0;
@@ -205,64 +211,15 @@ void attention_decode_online_f64(
             }
         }
     }
-    /* heads.edge: from the DNF
-     * O[b, h, c] = sum[j < n](
-     *                  exp(
-     *                      scale
-     *                      * sum[c2 < d](
-     *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-     *                      )
-     *                      - max[j2 < n](
-     *                          scale
-     *                          * sum[c3 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-     *                          )
-     *                      )
-     *                  )
-     *                  / sum[j3 < n](
-     *                      exp(
-     *                          scale
-     *                          * sum[c4 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-     *                          )
-     *                          - max[j4 < n](
-     *                              scale
-     *                              * sum[c5 < d](
-     *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-     *                              )
-     *                          )
-     *                      )
-     *                  )
-     *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-     *              )
-     * lse[b, h] = max[j5 < n](
-     *                 scale
-     *                 * sum[c6 < d](
-     *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-     *                 )
-     *             )
-     *             + log(
-     *                 sum[j6 < n](
-     *                     exp(
-     *                         scale
-     *                         * sum[c7 < d](
-     *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-     *                         )
-     *                         - max[j7 < n](
-     *                             scale
-     *                             * sum[c8 < d](
-     *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-     *                             )
-     *                         )
-     *                     )
-     *                 )
-     *             )
+    /* heads.edge: writes O, lse; reads K, q, V; scratch probs
+     * for b, g, r (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
      */
     const int64_t quot2 = ((q_heads) / kv_heads);
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t g = 0; g < kv_heads; ++g) {
             for (int64_t r = 4*((quot2) / 4); r < quot2; ++r) {
+                const int64_t lse_row = b*q_heads + g*quot2;
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(b*q_heads + g*quot2 + r)] = 0.0;
@@ -271,10 +228,11 @@ void attention_decode_online_f64(
                 double row_sum = 0.0;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = d*(cap*(b*kv_heads + g) + j);
                         double qk = 0.0;
                         #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < d; ++c) {
-                            qk += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*quot2 + r)];
+                            qk += K[K_row + c] * q[c + d*(b*q_heads + g*quot2 + r)];
                         }
                         probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r] = scale * qk;
                     }
@@ -300,10 +258,11 @@ void attention_decode_online_f64(
                         O[c + d*(b*q_heads + g*quot2 + r)] = O[c + d*(b*q_heads + g*quot2 + r)] * rescale;
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
                         const double t = probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(b*q_heads + g*quot2 + r)] += t * V[c + d*(cap*(b*kv_heads + g) + j)];
+                            O[c + d*(b*q_heads + g*quot2 + r)] += t * V[V_row + c];
                         }
                     }
                     row_max = new_max;
@@ -312,7 +271,7 @@ void attention_decode_online_f64(
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(b*q_heads + g*quot2 + r)] = O[c + d*(b*q_heads + g*quot2 + r)] / row_sum;
                 }
-                lse[b*q_heads + g*quot2 + r] = row_max + log(row_sum);
+                lse[lse_row + r] = row_max + log(row_sum);
             }
         }
     }
@@ -334,58 +293,8 @@ void attention_decode_online_f32(
     float scale
 )
 {
-    /* heads: from the DNF
-     * O[b, h, c] = sum[j < n](
-     *                  exp(
-     *                      scale
-     *                      * sum[c2 < d](
-     *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-     *                      )
-     *                      - max[j2 < n](
-     *                          scale
-     *                          * sum[c3 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-     *                          )
-     *                      )
-     *                  )
-     *                  / sum[j3 < n](
-     *                      exp(
-     *                          scale
-     *                          * sum[c4 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-     *                          )
-     *                          - max[j4 < n](
-     *                              scale
-     *                              * sum[c5 < d](
-     *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-     *                              )
-     *                          )
-     *                      )
-     *                  )
-     *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-     *              )
-     * lse[b, h] = max[j5 < n](
-     *                 scale
-     *                 * sum[c6 < d](
-     *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-     *                 )
-     *             )
-     *             + log(
-     *                 sum[j6 < n](
-     *                     exp(
-     *                         scale
-     *                         * sum[c7 < d](
-     *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-     *                         )
-     *                         - max[j7 < n](
-     *                             scale
-     *                             * sum[c8 < d](
-     *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-     *                             )
-     *                         )
-     *                     )
-     *                 )
-     *             )
+    /* heads: writes O, lse; reads K, q, V; scratch probs
+     * for b, g, r_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
      */
     const int64_t quot = ((q_heads) / kv_heads);
     #pragma omp parallel for collapse(3) schedule(static)
@@ -409,16 +318,17 @@ void attention_decode_online_f32(
                 float row_sum_3 = 0.0f;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = d*(cap*(b*kv_heads + g) + j);
                         float qk_0 = 0.0f;
                         float qk_1 = 0.0f;
                         float qk_2 = 0.0f;
                         float qk_3 = 0.0f;
                         #pragma omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
                         for (int64_t c = 0; c < d; ++c) {
-                            qk_0 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*quot + 4*r_tile)];
-                            qk_1 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 1)];
-                            qk_2 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 2)];
-                            qk_3 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 3)];
+                            qk_0 += K[K_row + c] * q[c + d*(b*q_heads + g*quot + 4*r_tile)];
+                            qk_1 += K[K_row + c] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 1)];
+                            qk_2 += K[K_row + c] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 2)];
+                            qk_3 += K[K_row + c] * q[c + d*(b*q_heads + g*quot + 4*r_tile + 3)];
                         }
                         probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile] = scale * qk_0;
                         probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64] = scale * qk_1;
@@ -474,16 +384,17 @@ void attention_decode_online_f32(
                         O[c + d*(b*q_heads + g*quot + 4*r_tile + 3)] = O[c + d*(b*q_heads + g*quot + 4*r_tile + 3)] * rescale_3;
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
                         const float t_0 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile];
                         const float t_1 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64];
                         const float t_2 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128];
                         const float t_3 = probs[64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 192];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(b*q_heads + g*quot + 4*r_tile)] += t_0 * V[c + d*(cap*(b*kv_heads + g) + j)];
-                            O[c + d*(b*q_heads + g*quot + 4*r_tile + 1)] += t_1 * V[c + d*(cap*(b*kv_heads + g) + j)];
-                            O[c + d*(b*q_heads + g*quot + 4*r_tile + 2)] += t_2 * V[c + d*(cap*(b*kv_heads + g) + j)];
-                            O[c + d*(b*q_heads + g*quot + 4*r_tile + 3)] += t_3 * V[c + d*(cap*(b*kv_heads + g) + j)];
+                            O[c + d*(b*q_heads + g*quot + 4*r_tile)] += t_0 * V[V_row + c];
+                            O[c + d*(b*q_heads + g*quot + 4*r_tile + 1)] += t_1 * V[V_row + c];
+                            O[c + d*(b*q_heads + g*quot + 4*r_tile + 2)] += t_2 * V[V_row + c];
+                            O[c + d*(b*q_heads + g*quot + 4*r_tile + 3)] += t_3 * V[V_row + c];
                         }
                     }
                     row_max_0 = new_max_0;
@@ -505,64 +416,15 @@ void attention_decode_online_f32(
             }
         }
     }
-    /* heads.edge: from the DNF
-     * O[b, h, c] = sum[j < n](
-     *                  exp(
-     *                      scale
-     *                      * sum[c2 < d](
-     *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-     *                      )
-     *                      - max[j2 < n](
-     *                          scale
-     *                          * sum[c3 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-     *                          )
-     *                      )
-     *                  )
-     *                  / sum[j3 < n](
-     *                      exp(
-     *                          scale
-     *                          * sum[c4 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-     *                          )
-     *                          - max[j4 < n](
-     *                              scale
-     *                              * sum[c5 < d](
-     *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-     *                              )
-     *                          )
-     *                      )
-     *                  )
-     *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-     *              )
-     * lse[b, h] = max[j5 < n](
-     *                 scale
-     *                 * sum[c6 < d](
-     *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-     *                 )
-     *             )
-     *             + log(
-     *                 sum[j6 < n](
-     *                     exp(
-     *                         scale
-     *                         * sum[c7 < d](
-     *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-     *                         )
-     *                         - max[j7 < n](
-     *                             scale
-     *                             * sum[c8 < d](
-     *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-     *                             )
-     *                         )
-     *                     )
-     *                 )
-     *             )
+    /* heads.edge: writes O, lse; reads K, q, V; scratch probs
+     * for b, g, r (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
      */
     const int64_t quot2 = ((q_heads) / kv_heads);
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t g = 0; g < kv_heads; ++g) {
             for (int64_t r = 4*((quot2) / 4); r < quot2; ++r) {
+                const int64_t lse_row = b*q_heads + g*quot2;
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(b*q_heads + g*quot2 + r)] = 0.0f;
@@ -571,10 +433,11 @@ void attention_decode_online_f32(
                 float row_sum = 0.0f;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = d*(cap*(b*kv_heads + g) + j);
                         float qk = 0.0f;
                         #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < d; ++c) {
-                            qk += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*quot2 + r)];
+                            qk += K[K_row + c] * q[c + d*(b*q_heads + g*quot2 + r)];
                         }
                         probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r] = scale * qk;
                     }
@@ -600,10 +463,11 @@ void attention_decode_online_f32(
                         O[c + d*(b*q_heads + g*quot2 + r)] = O[c + d*(b*q_heads + g*quot2 + r)] * rescale;
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
                         const float t = probs[64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(b*q_heads + g*quot2 + r)] += t * V[c + d*(cap*(b*kv_heads + g) + j)];
+                            O[c + d*(b*q_heads + g*quot2 + r)] += t * V[V_row + c];
                         }
                     }
                     row_max = new_max;
@@ -612,7 +476,7 @@ void attention_decode_online_f32(
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(b*q_heads + g*quot2 + r)] = O[c + d*(b*q_heads + g*quot2 + r)] / row_sum;
                 }
-                lse[b*q_heads + g*quot2 + r] = row_max + logf(row_sum);
+                lse[lse_row + r] = row_max + logf(row_sum);
             }
         }
     }

@@ -4,11 +4,7 @@
  * Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h)); hoist(); online_softmax(heads, block=64); unroll_sum(heads, j, 2); split_loop(heads, h = idiv(q_heads, kv_heads)*g + r); lower_reductions(); unroll_jam(heads, r, 4); gpu_threads(b, g, r_tile, 128 a block, nest=heads); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda attention_decode --variant online
  */
-#include <math.h>
-#include <stdint.h>
-#include <cuda_runtime.h>
-
-/* heads: from the DNF
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
  * O[b, h, c] = sum[j < n](
  *                  exp(
  *                      scale
@@ -61,6 +57,14 @@
  *                 )
  *             )
  */
+
+#include <math.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+/* heads: writes O, lse; reads K, q, V; scratch probs
+ * for b, g, r_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
+ */
 __global__ void attention_decode_online_f64_heads(
     const double *__restrict__ q,
     const double *__restrict__ K,
@@ -98,15 +102,16 @@ __global__ void attention_decode_online_f64_heads(
     double row_sum_3 = 0.0;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(cap*(b*kv_heads + g) + j);
             double qk_0 = 0.0;
             double qk_1 = 0.0;
             double qk_2 = 0.0;
             double qk_3 = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                qk_0 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)];
-                qk_1 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)];
-                qk_2 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)];
-                qk_3 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)];
+                qk_0 += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)];
+                qk_1 += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)];
+                qk_2 += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)];
+                qk_3 += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)];
             }
             probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile] = scale * qk_0;
             probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64] = scale * qk_1;
@@ -158,6 +163,8 @@ __global__ void attention_decode_online_f64_heads(
             O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)] = O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)] * rescale_3;
         }
         for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+            const int64_t V_row0 = d*(cap*(b*kv_heads + g) + 2*j_tile);
+            const int64_t V_row1 = d*(cap*(b*kv_heads + g) + 2*j_tile + 1);
             const double t_0_0 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile];
             const double t_0_1 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 64];
             const double t_0_2 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 128];
@@ -167,22 +174,23 @@ __global__ void attention_decode_online_f64_heads(
             const double t_1_2 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 129];
             const double t_1_3 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 193];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)] += t_0_0 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile)] + t_1_0 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile + 1)];
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)] += t_0_1 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile)] + t_1_1 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile + 1)];
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)] += t_0_2 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile)] + t_1_2 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile + 1)];
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)] += t_0_3 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile)] + t_1_3 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile + 1)];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c];
             }
         }
         for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const double t_02 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile];
-            const double t_12 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64];
+            const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
+            const double t_0b = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile];
+            const double t_1b = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64];
             const double t_2 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128];
             const double t_3 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)] += t_02 * V[c + d*(cap*(b*kv_heads + g) + j)];
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)] += t_12 * V[c + d*(cap*(b*kv_heads + g) + j)];
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)] += t_2 * V[c + d*(cap*(b*kv_heads + g) + j)];
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)] += t_3 * V[c + d*(cap*(b*kv_heads + g) + j)];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)] += t_0b * V[V_row + c];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)] += t_1b * V[V_row + c];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)] += t_2 * V[V_row + c];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)] += t_3 * V[V_row + c];
             }
         }
         row_max_0 = new_max_0;
@@ -202,58 +210,8 @@ __global__ void attention_decode_online_f64_heads(
     lse[b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3] = row_max_3 + log(row_sum_3);
 }
 
-/* heads.edge: from the DNF
- * O[b, h, c] = sum[j < n](
- *                  exp(
- *                      scale
- *                      * sum[c2 < d](
- *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
- *                      )
- *                      - max[j2 < n](
- *                          scale
- *                          * sum[c3 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
- *                          )
- *                      )
- *                  )
- *                  / sum[j3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c4 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
- *                          )
- *                          - max[j4 < n](
- *                              scale
- *                              * sum[c5 < d](
- *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
- *                              )
- *                          )
- *                      )
- *                  )
- *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
- *              )
- * lse[b, h] = max[j5 < n](
- *                 scale
- *                 * sum[c6 < d](
- *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
- *                 )
- *             )
- *             + log(
- *                 sum[j6 < n](
- *                     exp(
- *                         scale
- *                         * sum[c7 < d](
- *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
- *                         )
- *                         - max[j7 < n](
- *                             scale
- *                             * sum[c8 < d](
- *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
- *                             )
- *                         )
- *                     )
- *                 )
- *             )
+/* heads.edge: writes O, lse; reads K, q, V; scratch probs
+ * for b, g, r (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void attention_decode_online_f64_heads_edge(
     const double *__restrict__ q,
@@ -276,6 +234,7 @@ __global__ void attention_decode_online_f64_heads_edge(
     const int64_t r = 4*((((q_heads) / kv_heads)) / 4) + tid % (((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4));
     const int64_t g = (tid / (((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4))) % kv_heads;
     const int64_t b = (tid / (kv_heads*(((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4))));
+    const int64_t lse_row = b*q_heads + g*((q_heads) / kv_heads);
     for (int64_t c = 0; c < d; ++c) {
         O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] = 0.0;
     }
@@ -283,9 +242,10 @@ __global__ void attention_decode_online_f64_heads_edge(
     double row_sum = 0.0;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(cap*(b*kv_heads + g) + j);
             double qk = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                qk += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)];
+                qk += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)];
             }
             probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r] = scale * qk;
         }
@@ -307,16 +267,19 @@ __global__ void attention_decode_online_f64_heads_edge(
             O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] = O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] * rescale;
         }
         for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+            const int64_t V_row0 = d*(cap*(b*kv_heads + g) + 2*j_tile);
+            const int64_t V_row1 = d*(cap*(b*kv_heads + g) + 2*j_tile + 1);
             const double t_0 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 64*r];
             const double t_1 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 64*r + 1];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] += t_0 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile)] + t_1 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile + 1)];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c];
             }
         }
         for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
             const double t = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] += t * V[c + d*(cap*(b*kv_heads + g) + j)];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] += t * V[V_row + c];
             }
         }
         row_max = new_max;
@@ -324,7 +287,7 @@ __global__ void attention_decode_online_f64_heads_edge(
     for (int64_t c = 0; c < d; ++c) {
         O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] = O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] / row_sum;
     }
-    lse[b*q_heads + g*((q_heads) / kv_heads) + r] = row_max + log(row_sum);
+    lse[lse_row + r] = row_max + log(row_sum);
 }
 
 /* Runs the nests in order on the current device; the pointers are device pointers.
@@ -345,16 +308,15 @@ extern "C" int attention_decode_online_f64(
     double scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*kv_heads*((((q_heads) / kv_heads)) / 4);
+        const int64_t count = batch*kv_heads*((((q_heads) / kv_heads)) / 4), threads = 128;
         attention_decode_online_f64_heads<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*kv_heads*(((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4));
+        const int64_t count = batch*kv_heads*(((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4)), threads = 128;
         attention_decode_online_f64_heads_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
         const cudaError_t err = cudaGetLastError();
@@ -363,58 +325,8 @@ extern "C" int attention_decode_online_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* heads: from the DNF
- * O[b, h, c] = sum[j < n](
- *                  exp(
- *                      scale
- *                      * sum[c2 < d](
- *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
- *                      )
- *                      - max[j2 < n](
- *                          scale
- *                          * sum[c3 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
- *                          )
- *                      )
- *                  )
- *                  / sum[j3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c4 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
- *                          )
- *                          - max[j4 < n](
- *                              scale
- *                              * sum[c5 < d](
- *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
- *                              )
- *                          )
- *                      )
- *                  )
- *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
- *              )
- * lse[b, h] = max[j5 < n](
- *                 scale
- *                 * sum[c6 < d](
- *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
- *                 )
- *             )
- *             + log(
- *                 sum[j6 < n](
- *                     exp(
- *                         scale
- *                         * sum[c7 < d](
- *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
- *                         )
- *                         - max[j7 < n](
- *                             scale
- *                             * sum[c8 < d](
- *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
- *                             )
- *                         )
- *                     )
- *                 )
- *             )
+/* heads: writes O, lse; reads K, q, V; scratch probs
+ * for b, g, r_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void attention_decode_online_f32_heads(
     const float *__restrict__ q,
@@ -453,15 +365,16 @@ __global__ void attention_decode_online_f32_heads(
     float row_sum_3 = 0.0f;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(cap*(b*kv_heads + g) + j);
             float qk_0 = 0.0f;
             float qk_1 = 0.0f;
             float qk_2 = 0.0f;
             float qk_3 = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                qk_0 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)];
-                qk_1 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)];
-                qk_2 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)];
-                qk_3 += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)];
+                qk_0 += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)];
+                qk_1 += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)];
+                qk_2 += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)];
+                qk_3 += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)];
             }
             probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile] = scale * qk_0;
             probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64] = scale * qk_1;
@@ -513,6 +426,8 @@ __global__ void attention_decode_online_f32_heads(
             O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)] = O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)] * rescale_3;
         }
         for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+            const int64_t V_row0 = d*(cap*(b*kv_heads + g) + 2*j_tile);
+            const int64_t V_row1 = d*(cap*(b*kv_heads + g) + 2*j_tile + 1);
             const float t_0_0 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile];
             const float t_0_1 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 64];
             const float t_0_2 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 128];
@@ -522,22 +437,23 @@ __global__ void attention_decode_online_f32_heads(
             const float t_1_2 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 129];
             const float t_1_3 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 256*r_tile + 193];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)] += t_0_0 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile)] + t_1_0 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile + 1)];
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)] += t_0_1 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile)] + t_1_1 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile + 1)];
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)] += t_0_2 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile)] + t_1_2 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile + 1)];
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)] += t_0_3 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile)] + t_1_3 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile + 1)];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c];
             }
         }
         for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const float t_02 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile];
-            const float t_12 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64];
+            const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
+            const float t_0b = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile];
+            const float t_1b = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 64];
             const float t_2 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 128];
             const float t_3 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 256*r_tile + 192];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)] += t_02 * V[c + d*(cap*(b*kv_heads + g) + j)];
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)] += t_12 * V[c + d*(cap*(b*kv_heads + g) + j)];
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)] += t_2 * V[c + d*(cap*(b*kv_heads + g) + j)];
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)] += t_3 * V[c + d*(cap*(b*kv_heads + g) + j)];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile)] += t_0b * V[V_row + c];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 1)] += t_1b * V[V_row + c];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 2)] += t_2 * V[V_row + c];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3)] += t_3 * V[V_row + c];
             }
         }
         row_max_0 = new_max_0;
@@ -557,58 +473,8 @@ __global__ void attention_decode_online_f32_heads(
     lse[b*q_heads + g*((q_heads) / kv_heads) + 4*r_tile + 3] = row_max_3 + logf(row_sum_3);
 }
 
-/* heads.edge: from the DNF
- * O[b, h, c] = sum[j < n](
- *                  exp(
- *                      scale
- *                      * sum[c2 < d](
- *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
- *                      )
- *                      - max[j2 < n](
- *                          scale
- *                          * sum[c3 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
- *                          )
- *                      )
- *                  )
- *                  / sum[j3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c4 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
- *                          )
- *                          - max[j4 < n](
- *                              scale
- *                              * sum[c5 < d](
- *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
- *                              )
- *                          )
- *                      )
- *                  )
- *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
- *              )
- * lse[b, h] = max[j5 < n](
- *                 scale
- *                 * sum[c6 < d](
- *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
- *                 )
- *             )
- *             + log(
- *                 sum[j6 < n](
- *                     exp(
- *                         scale
- *                         * sum[c7 < d](
- *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
- *                         )
- *                         - max[j7 < n](
- *                             scale
- *                             * sum[c8 < d](
- *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
- *                             )
- *                         )
- *                     )
- *                 )
- *             )
+/* heads.edge: writes O, lse; reads K, q, V; scratch probs
+ * for b, g, r (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void attention_decode_online_f32_heads_edge(
     const float *__restrict__ q,
@@ -631,6 +497,7 @@ __global__ void attention_decode_online_f32_heads_edge(
     const int64_t r = 4*((((q_heads) / kv_heads)) / 4) + tid % (((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4));
     const int64_t g = (tid / (((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4))) % kv_heads;
     const int64_t b = (tid / (kv_heads*(((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4))));
+    const int64_t lse_row = b*q_heads + g*((q_heads) / kv_heads);
     for (int64_t c = 0; c < d; ++c) {
         O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] = 0.0f;
     }
@@ -638,9 +505,10 @@ __global__ void attention_decode_online_f32_heads_edge(
     float row_sum = 0.0f;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(cap*(b*kv_heads + g) + j);
             float qk = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                qk += K[c + d*(cap*(b*kv_heads + g) + j)] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)];
+                qk += K[K_row + c] * q[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)];
             }
             probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r] = scale * qk;
         }
@@ -662,16 +530,19 @@ __global__ void attention_decode_online_f32_heads_edge(
             O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] = O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] * rescale;
         }
         for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+            const int64_t V_row0 = d*(cap*(b*kv_heads + g) + 2*j_tile);
+            const int64_t V_row1 = d*(cap*(b*kv_heads + g) + 2*j_tile + 1);
             const float t_0 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 64*r];
             const float t_1 = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) - 64*j_blk + 2*j_tile + 64*r + 1];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] += t_0 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile)] + t_1 * V[c + d*(cap*(b*kv_heads + g) + 2*j_tile + 1)];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c];
             }
         }
         for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t V_row = d*(cap*(b*kv_heads + g) + j);
             const float t = probs[64*b*q_heads + 64*g*((q_heads) / kv_heads) + j - 64*j_blk + 64*r];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] += t * V[c + d*(cap*(b*kv_heads + g) + j)];
+                O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] += t * V[V_row + c];
             }
         }
         row_max = new_max;
@@ -679,7 +550,7 @@ __global__ void attention_decode_online_f32_heads_edge(
     for (int64_t c = 0; c < d; ++c) {
         O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] = O[c + d*(b*q_heads + g*((q_heads) / kv_heads) + r)] / row_sum;
     }
-    lse[b*q_heads + g*((q_heads) / kv_heads) + r] = row_max + logf(row_sum);
+    lse[lse_row + r] = row_max + logf(row_sum);
 }
 
 /* Runs the nests in order on the current device; the pointers are device pointers.
@@ -700,16 +571,15 @@ extern "C" int attention_decode_online_f32(
     float scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*kv_heads*((((q_heads) / kv_heads)) / 4);
+        const int64_t count = batch*kv_heads*((((q_heads) / kv_heads)) / 4), threads = 128;
         attention_decode_online_f32_heads<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*kv_heads*(((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4));
+        const int64_t count = batch*kv_heads*(((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4)), threads = 128;
         attention_decode_online_f32_heads_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
         const cudaError_t err = cudaGetLastError();

@@ -2,6 +2,59 @@
 ! Target cpu; schedule parameters heads=4 keys=1.
 ! Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h)); hoist(); online_softmax(heads, block=64); split_loop(heads, h = idiv(q_heads, kv_heads)*g + r); lower_reductions(); unroll_jam(heads, r, 4); parallel(b, g, r_tile, nest=heads); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran attention_decode --variant online
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! O[b, h, c] = sum[j < n](
+!                  exp(
+!                      scale
+!                      * sum[c2 < d](
+!                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
+!                      )
+!                      - max[j2 < n](
+!                          scale
+!                          * sum[c3 < d](
+!                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
+!                          )
+!                      )
+!                  )
+!                  / sum[j3 < n](
+!                      exp(
+!                          scale
+!                          * sum[c4 < d](
+!                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
+!                          )
+!                          - max[j4 < n](
+!                              scale
+!                              * sum[c5 < d](
+!                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
+!                              )
+!                          )
+!                      )
+!                  )
+!                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
+!              )
+! lse[b, h] = max[j5 < n](
+!                 scale
+!                 * sum[c6 < d](
+!                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
+!                 )
+!             )
+!             + log(
+!                 sum[j6 < n](
+!                     exp(
+!                         scale
+!                         * sum[c7 < d](
+!                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
+!                         )
+!                         - max[j7 < n](
+!                             scale
+!                             * sum[c8 < d](
+!                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
+!                             )
+!                         )
+!                     )
+!                 )
+!             )
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_negative_inf
@@ -21,7 +74,7 @@ contains
     real(c_double), intent(out) :: O(0:batch * q_heads * d - 1)
     real(c_double), intent(out) :: lse(0:batch * q_heads - 1)
     real(c_double), intent(out) :: probs(0:batch * q_heads * 64 - 1)
-    integer(c_int64_t) :: b, g, r_tile, c, j_blk, j, r, quot, quot2
+    integer(c_int64_t) :: b, g, r_tile, c, j_blk, j, r, quot, quot2, K_row, V_row, lse_row
     real(c_double) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, &
         & row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, &
         & block_max_3, new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, &
@@ -31,64 +84,14 @@ contains
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
 
-    ! heads: from the DNF
-    ! O[b, h, c] = sum[j < n](
-    !                  exp(
-    !                      scale
-    !                      * sum[c2 < d](
-    !                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-    !                      )
-    !                      - max[j2 < n](
-    !                          scale
-    !                          * sum[c3 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-    !                          )
-    !                      )
-    !                  )
-    !                  / sum[j3 < n](
-    !                      exp(
-    !                          scale
-    !                          * sum[c4 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-    !                          )
-    !                          - max[j4 < n](
-    !                              scale
-    !                              * sum[c5 < d](
-    !                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-    !                              )
-    !                          )
-    !                      )
-    !                  )
-    !                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-    !              )
-    ! lse[b, h] = max[j5 < n](
-    !                 scale
-    !                 * sum[c6 < d](
-    !                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-    !                 )
-    !             )
-    !             + log(
-    !                 sum[j6 < n](
-    !                     exp(
-    !                         scale
-    !                         * sum[c7 < d](
-    !                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-    !                         )
-    !                         - max[j7 < n](
-    !                             scale
-    !                             * sum[c8 < d](
-    !                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-    !                             )
-    !                         )
-    !                     )
-    !                 )
-    !             )
+    ! heads: writes O, lse; reads K, q, V; scratch probs
+    ! for b, g, r_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
     quot = ((q_heads) / kv_heads)
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max_0, row_max_1, &
-    !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
-    !$omp& qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, new_max_1, &
-    !$omp& new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, block_sum_0, &
-    !$omp& block_sum_1, block_sum_2, block_sum_3, t_0, t_1, t_2, t_3)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, K_row, V_row, row_max_0, &
+    !$omp& row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, &
+    !$omp& qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, &
+    !$omp& new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
+    !$omp& block_sum_0, block_sum_1, block_sum_2, block_sum_3, t_0, t_1, t_2, t_3)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r_tile = 0, ((quot) / 4) - 1
@@ -109,20 +112,17 @@ contains
           row_sum_3 = 0.0_c_double
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = d*(cap*(b*kv_heads + g) + j)
               qk_0 = 0.0_c_double
               qk_1 = 0.0_c_double
               qk_2 = 0.0_c_double
               qk_3 = 0.0_c_double
               !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
               do c = 0, d - 1
-                qk_0 = qk_0 + K(c + d*(cap*(b*kv_heads + g) + j)) * q(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile))
-                qk_1 = qk_1 + K(c + d*(cap*(b*kv_heads + g) + j)) * q(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile + 1))
-                qk_2 = qk_2 + K(c + d*(cap*(b*kv_heads + g) + j)) * q(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile + 2))
-                qk_3 = qk_3 + K(c + d*(cap*(b*kv_heads + g) + j)) * q(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile + 3))
+                qk_0 = qk_0 + K(K_row + c) * q(c + d*(b*q_heads + g*quot + 4*r_tile))
+                qk_1 = qk_1 + K(K_row + c) * q(c + d*(b*q_heads + g*quot + 4*r_tile + 1))
+                qk_2 = qk_2 + K(K_row + c) * q(c + d*(b*q_heads + g*quot + 4*r_tile + 2))
+                qk_3 = qk_3 + K(K_row + c) * q(c + d*(b*q_heads + g*quot + 4*r_tile + 3))
               end do
               probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile) = scale * qk_0
               probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64) = scale * qk_1
@@ -197,6 +197,7 @@ contains
                   & 4*r_tile + 3)) * rescale_3
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              V_row = d*(cap*(b*kv_heads + g) + j)
               t_0 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile)
               t_1 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64)
               t_2 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128)
@@ -204,13 +205,13 @@ contains
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(b*q_heads + g*quot + 4*r_tile)) = O(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile)) + t_0 * V(c + d*(cap*(b*kv_heads + g) + j))
+                    & 4*r_tile)) + t_0 * V(V_row + c)
                 O(c + d*(b*q_heads + g*quot + 4*r_tile + 1)) = O(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile + 1)) + t_1 * V(c + d*(cap*(b*kv_heads + g) + j))
+                    & 4*r_tile + 1)) + t_1 * V(V_row + c)
                 O(c + d*(b*q_heads + g*quot + 4*r_tile + 2)) = O(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile + 2)) + t_2 * V(c + d*(cap*(b*kv_heads + g) + j))
+                    & 4*r_tile + 2)) + t_2 * V(V_row + c)
                 O(c + d*(b*q_heads + g*quot + 4*r_tile + 3)) = O(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile + 3)) + t_3 * V(c + d*(cap*(b*kv_heads + g) + j))
+                    & 4*r_tile + 3)) + t_3 * V(V_row + c)
               end do
             end do
             row_max_0 = new_max_0
@@ -237,64 +238,15 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! heads.edge: from the DNF
-    ! O[b, h, c] = sum[j < n](
-    !                  exp(
-    !                      scale
-    !                      * sum[c2 < d](
-    !                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-    !                      )
-    !                      - max[j2 < n](
-    !                          scale
-    !                          * sum[c3 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-    !                          )
-    !                      )
-    !                  )
-    !                  / sum[j3 < n](
-    !                      exp(
-    !                          scale
-    !                          * sum[c4 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-    !                          )
-    !                          - max[j4 < n](
-    !                              scale
-    !                              * sum[c5 < d](
-    !                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-    !                              )
-    !                          )
-    !                      )
-    !                  )
-    !                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-    !              )
-    ! lse[b, h] = max[j5 < n](
-    !                 scale
-    !                 * sum[c6 < d](
-    !                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-    !                 )
-    !             )
-    !             + log(
-    !                 sum[j6 < n](
-    !                     exp(
-    !                         scale
-    !                         * sum[c7 < d](
-    !                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-    !                         )
-    !                         - max[j7 < n](
-    !                             scale
-    !                             * sum[c8 < d](
-    !                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-    !                             )
-    !                         )
-    !                     )
-    !                 )
-    !             )
+    ! heads.edge: writes O, lse; reads K, q, V; scratch probs
+    ! for b, g, r (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
     quot2 = ((q_heads) / kv_heads)
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max, row_sum, qk, &
-    !$omp& block_max, new_max, rescale, block_sum, t)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, lse_row, K_row, V_row, &
+    !$omp& row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 4*((quot2) / 4), quot2 - 1
+          lse_row = b*q_heads + g*quot2
           !$omp simd
           do c = 0, d - 1
             O(c + d*(b*q_heads + g*quot2 + r)) = 0.0_c_double
@@ -303,10 +255,11 @@ contains
           row_sum = 0.0_c_double
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = d*(cap*(b*kv_heads + g) + j)
               qk = 0.0_c_double
               !$omp simd reduction(+:qk)
               do c = 0, d - 1
-                qk = qk + K(c + d*(cap*(b*kv_heads + g) + j)) * q(c + d*(b*q_heads + g*quot2 + r))
+                qk = qk + K(K_row + c) * q(c + d*(b*q_heads + g*quot2 + r))
               end do
               probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r) = scale * qk
             end do
@@ -333,11 +286,12 @@ contains
               O(c + d*(b*q_heads + g*quot2 + r)) = O(c + d*(b*q_heads + g*quot2 + r)) * rescale
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              V_row = d*(cap*(b*kv_heads + g) + j)
               t = probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r)
               !$omp simd
               do c = 0, d - 1
-                O(c + d*(b*q_heads + g*quot2 + r)) = O(c + d*(b*q_heads + g*quot2 + r)) + t * V(c &
-                    & + d*(cap*(b*kv_heads + g) + j))
+                O(c + d*(b*q_heads + g*quot2 + r)) = O(c + d*(b*q_heads + g*quot2 + r)) + t * &
+                    & V(V_row + c)
               end do
             end do
             row_max = new_max
@@ -346,7 +300,7 @@ contains
           do c = 0, d - 1
             O(c + d*(b*q_heads + g*quot2 + r)) = O(c + d*(b*q_heads + g*quot2 + r)) / row_sum
           end do
-          lse(b*q_heads + g*quot2 + r) = row_max + log(row_sum)
+          lse(lse_row + r) = row_max + log(row_sum)
         end do
       end do
     end do
@@ -364,7 +318,7 @@ contains
     real(c_float), intent(out) :: O(0:batch * q_heads * d - 1)
     real(c_float), intent(out) :: lse(0:batch * q_heads - 1)
     real(c_float), intent(out) :: probs(0:batch * q_heads * 64 - 1)
-    integer(c_int64_t) :: b, g, r_tile, c, j_blk, j, r, quot, quot2
+    integer(c_int64_t) :: b, g, r_tile, c, j_blk, j, r, quot, quot2, K_row, V_row, lse_row
     real(c_float) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, &
         & row_sum_3, qk_0, qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, block_max_3, &
         & new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
@@ -374,64 +328,14 @@ contains
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
 
-    ! heads: from the DNF
-    ! O[b, h, c] = sum[j < n](
-    !                  exp(
-    !                      scale
-    !                      * sum[c2 < d](
-    !                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-    !                      )
-    !                      - max[j2 < n](
-    !                          scale
-    !                          * sum[c3 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-    !                          )
-    !                      )
-    !                  )
-    !                  / sum[j3 < n](
-    !                      exp(
-    !                          scale
-    !                          * sum[c4 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-    !                          )
-    !                          - max[j4 < n](
-    !                              scale
-    !                              * sum[c5 < d](
-    !                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-    !                              )
-    !                          )
-    !                      )
-    !                  )
-    !                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-    !              )
-    ! lse[b, h] = max[j5 < n](
-    !                 scale
-    !                 * sum[c6 < d](
-    !                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-    !                 )
-    !             )
-    !             + log(
-    !                 sum[j6 < n](
-    !                     exp(
-    !                         scale
-    !                         * sum[c7 < d](
-    !                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-    !                         )
-    !                         - max[j7 < n](
-    !                             scale
-    !                             * sum[c8 < d](
-    !                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-    !                             )
-    !                         )
-    !                     )
-    !                 )
-    !             )
+    ! heads: writes O, lse; reads K, q, V; scratch probs
+    ! for b, g, r_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
     quot = ((q_heads) / kv_heads)
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max_0, row_max_1, &
-    !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
-    !$omp& qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, new_max_1, &
-    !$omp& new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, block_sum_0, &
-    !$omp& block_sum_1, block_sum_2, block_sum_3, t_0, t_1, t_2, t_3)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, K_row, V_row, row_max_0, &
+    !$omp& row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, &
+    !$omp& qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, &
+    !$omp& new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
+    !$omp& block_sum_0, block_sum_1, block_sum_2, block_sum_3, t_0, t_1, t_2, t_3)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r_tile = 0, ((quot) / 4) - 1
@@ -452,20 +356,17 @@ contains
           row_sum_3 = 0.0_c_float
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = d*(cap*(b*kv_heads + g) + j)
               qk_0 = 0.0_c_float
               qk_1 = 0.0_c_float
               qk_2 = 0.0_c_float
               qk_3 = 0.0_c_float
               !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
               do c = 0, d - 1
-                qk_0 = qk_0 + K(c + d*(cap*(b*kv_heads + g) + j)) * q(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile))
-                qk_1 = qk_1 + K(c + d*(cap*(b*kv_heads + g) + j)) * q(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile + 1))
-                qk_2 = qk_2 + K(c + d*(cap*(b*kv_heads + g) + j)) * q(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile + 2))
-                qk_3 = qk_3 + K(c + d*(cap*(b*kv_heads + g) + j)) * q(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile + 3))
+                qk_0 = qk_0 + K(K_row + c) * q(c + d*(b*q_heads + g*quot + 4*r_tile))
+                qk_1 = qk_1 + K(K_row + c) * q(c + d*(b*q_heads + g*quot + 4*r_tile + 1))
+                qk_2 = qk_2 + K(K_row + c) * q(c + d*(b*q_heads + g*quot + 4*r_tile + 2))
+                qk_3 = qk_3 + K(K_row + c) * q(c + d*(b*q_heads + g*quot + 4*r_tile + 3))
               end do
               probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile) = scale * qk_0
               probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64) = scale * qk_1
@@ -540,6 +441,7 @@ contains
                   & 4*r_tile + 3)) * rescale_3
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              V_row = d*(cap*(b*kv_heads + g) + j)
               t_0 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile)
               t_1 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 64)
               t_2 = probs(64*b*q_heads + 64*g*quot + j - 64*j_blk + 256*r_tile + 128)
@@ -547,13 +449,13 @@ contains
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(b*q_heads + g*quot + 4*r_tile)) = O(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile)) + t_0 * V(c + d*(cap*(b*kv_heads + g) + j))
+                    & 4*r_tile)) + t_0 * V(V_row + c)
                 O(c + d*(b*q_heads + g*quot + 4*r_tile + 1)) = O(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile + 1)) + t_1 * V(c + d*(cap*(b*kv_heads + g) + j))
+                    & 4*r_tile + 1)) + t_1 * V(V_row + c)
                 O(c + d*(b*q_heads + g*quot + 4*r_tile + 2)) = O(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile + 2)) + t_2 * V(c + d*(cap*(b*kv_heads + g) + j))
+                    & 4*r_tile + 2)) + t_2 * V(V_row + c)
                 O(c + d*(b*q_heads + g*quot + 4*r_tile + 3)) = O(c + d*(b*q_heads + g*quot + &
-                    & 4*r_tile + 3)) + t_3 * V(c + d*(cap*(b*kv_heads + g) + j))
+                    & 4*r_tile + 3)) + t_3 * V(V_row + c)
               end do
             end do
             row_max_0 = new_max_0
@@ -580,64 +482,15 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! heads.edge: from the DNF
-    ! O[b, h, c] = sum[j < n](
-    !                  exp(
-    !                      scale
-    !                      * sum[c2 < d](
-    !                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-    !                      )
-    !                      - max[j2 < n](
-    !                          scale
-    !                          * sum[c3 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-    !                          )
-    !                      )
-    !                  )
-    !                  / sum[j3 < n](
-    !                      exp(
-    !                          scale
-    !                          * sum[c4 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-    !                          )
-    !                          - max[j4 < n](
-    !                              scale
-    !                              * sum[c5 < d](
-    !                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-    !                              )
-    !                          )
-    !                      )
-    !                  )
-    !                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-    !              )
-    ! lse[b, h] = max[j5 < n](
-    !                 scale
-    !                 * sum[c6 < d](
-    !                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-    !                 )
-    !             )
-    !             + log(
-    !                 sum[j6 < n](
-    !                     exp(
-    !                         scale
-    !                         * sum[c7 < d](
-    !                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-    !                         )
-    !                         - max[j7 < n](
-    !                             scale
-    !                             * sum[c8 < d](
-    !                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-    !                             )
-    !                         )
-    !                     )
-    !                 )
-    !             )
+    ! heads.edge: writes O, lse; reads K, q, V; scratch probs
+    ! for b, g, r (parallel) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
     quot2 = ((q_heads) / kv_heads)
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max, row_sum, qk, &
-    !$omp& block_max, new_max, rescale, block_sum, t)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, lse_row, K_row, V_row, &
+    !$omp& row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 4*((quot2) / 4), quot2 - 1
+          lse_row = b*q_heads + g*quot2
           !$omp simd
           do c = 0, d - 1
             O(c + d*(b*q_heads + g*quot2 + r)) = 0.0_c_float
@@ -646,10 +499,11 @@ contains
           row_sum = 0.0_c_float
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = d*(cap*(b*kv_heads + g) + j)
               qk = 0.0_c_float
               !$omp simd reduction(+:qk)
               do c = 0, d - 1
-                qk = qk + K(c + d*(cap*(b*kv_heads + g) + j)) * q(c + d*(b*q_heads + g*quot2 + r))
+                qk = qk + K(K_row + c) * q(c + d*(b*q_heads + g*quot2 + r))
               end do
               probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r) = scale * qk
             end do
@@ -676,11 +530,12 @@ contains
               O(c + d*(b*q_heads + g*quot2 + r)) = O(c + d*(b*q_heads + g*quot2 + r)) * rescale
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              V_row = d*(cap*(b*kv_heads + g) + j)
               t = probs(64*b*q_heads + 64*g*quot2 + j - 64*j_blk + 64*r)
               !$omp simd
               do c = 0, d - 1
-                O(c + d*(b*q_heads + g*quot2 + r)) = O(c + d*(b*q_heads + g*quot2 + r)) + t * V(c &
-                    & + d*(cap*(b*kv_heads + g) + j))
+                O(c + d*(b*q_heads + g*quot2 + r)) = O(c + d*(b*q_heads + g*quot2 + r)) + t * &
+                    & V(V_row + c)
               end do
             end do
             row_max = new_max
@@ -689,7 +544,7 @@ contains
           do c = 0, d - 1
             O(c + d*(b*q_heads + g*quot2 + r)) = O(c + d*(b*q_heads + g*quot2 + r)) / row_sum
           end do
-          lse(b*q_heads + g*quot2 + r) = row_max + log(row_sum)
+          lse(lse_row + r) = row_max + log(row_sum)
         end do
       end do
     end do

@@ -4,6 +4,60 @@
  * Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h)); hoist(); online_softmax(heads); split_keys(heads, over=(b, h), j, 16); lower_reductions(); unroll_jam(heads.partial, h, 4); parallel(b, h_tile, j_split, nest=heads.partial); parallel(b, h, nest=heads.merge); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c attention_decode --variant split
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * O[b, h, c] = sum[j < n](
+ *                  exp(
+ *                      scale
+ *                      * sum[c2 < d](
+ *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
+ *                      )
+ *                      - max[j2 < n](
+ *                          scale
+ *                          * sum[c3 < d](
+ *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
+ *                          )
+ *                      )
+ *                  )
+ *                  / sum[j3 < n](
+ *                      exp(
+ *                          scale
+ *                          * sum[c4 < d](
+ *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
+ *                          )
+ *                          - max[j4 < n](
+ *                              scale
+ *                              * sum[c5 < d](
+ *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
+ *                              )
+ *                          )
+ *                      )
+ *                  )
+ *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
+ *              )
+ * lse[b, h] = max[j5 < n](
+ *                 scale
+ *                 * sum[c6 < d](
+ *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
+ *                 )
+ *             )
+ *             + log(
+ *                 sum[j6 < n](
+ *                     exp(
+ *                         scale
+ *                         * sum[c7 < d](
+ *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
+ *                         )
+ *                         - max[j7 < n](
+ *                             scale
+ *                             * sum[c8 < d](
+ *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
+ *                             )
+ *                         )
+ *                     )
+ *                 )
+ *             )
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -38,63 +92,21 @@ void attention_decode_split_f64(
     double scale
 )
 {
-    /* heads.partial: from the DNF
-     * O[b, h, c] = sum[j < n](
-     *                  exp(
-     *                      scale
-     *                      * sum[c2 < d](
-     *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-     *                      )
-     *                      - max[j2 < n](
-     *                          scale
-     *                          * sum[c3 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-     *                          )
-     *                      )
-     *                  )
-     *                  / sum[j3 < n](
-     *                      exp(
-     *                          scale
-     *                          * sum[c4 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-     *                          )
-     *                          - max[j4 < n](
-     *                              scale
-     *                              * sum[c5 < d](
-     *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-     *                              )
-     *                          )
-     *                      )
-     *                  )
-     *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-     *              )
-     * lse[b, h] = max[j5 < n](
-     *                 scale
-     *                 * sum[c6 < d](
-     *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-     *                 )
-     *             )
-     *             + log(
-     *                 sum[j6 < n](
-     *                     exp(
-     *                         scale
-     *                         * sum[c7 < d](
-     *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-     *                         )
-     *                         - max[j7 < n](
-     *                             scale
-     *                             * sum[c8 < d](
-     *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-     *                             )
-     *                         )
-     *                     )
-     *                 )
-     *             )
+    /* heads.partial: reads K, q, V; scratch O_part, row_max_part, row_sum_part
+     * for b, h_tile, j_split (parallel) / c (simd), j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h_tile = 0; h_tile < ((q_heads) / 4); ++h_tile) {
             for (int64_t j_split = 0; j_split < 16; ++j_split) {
+                const int64_t row_max_part_row0 = 16*b*q_heads + 64*h_tile;
+                const int64_t row_max_part_row1 = 16*b*q_heads + 64*h_tile + 16;
+                const int64_t row_max_part_row2 = 16*b*q_heads + 64*h_tile + 32;
+                const int64_t row_max_part_row3 = 16*b*q_heads + 64*h_tile + 48;
+                const int64_t row_sum_part_row0 = 16*b*q_heads + 64*h_tile;
+                const int64_t row_sum_part_row1 = 16*b*q_heads + 64*h_tile + 16;
+                const int64_t row_sum_part_row2 = 16*b*q_heads + 64*h_tile + 32;
+                const int64_t row_sum_part_row3 = 16*b*q_heads + 64*h_tile + 48;
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] = 0.0;
@@ -115,16 +127,24 @@ void attention_decode_split_f64(
                 const int64_t quot3 = ((4*h_tile + 2) / (((q_heads) / kv_heads)));
                 const int64_t quot4 = ((4*h_tile + 3) / (((q_heads) / kv_heads)));
                 for (int64_t j = j_split*((n + 15) / 16); j < (n < j_split*((n + 15) / 16) + ((n + 15) / 16) ? n : j_split*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
+                    const int64_t K_row0 = d*(cap*(b*kv_heads + quot) + j);
+                    const int64_t K_row1 = d*(cap*(b*kv_heads + quot2) + j);
+                    const int64_t K_row2 = d*(cap*(b*kv_heads + quot3) + j);
+                    const int64_t K_row3 = d*(cap*(b*kv_heads + quot4) + j);
+                    const int64_t V_row0 = d*(cap*(b*kv_heads + quot) + j);
+                    const int64_t V_row1 = d*(cap*(b*kv_heads + quot2) + j);
+                    const int64_t V_row2 = d*(cap*(b*kv_heads + quot3) + j);
+                    const int64_t V_row3 = d*(cap*(b*kv_heads + quot4) + j);
                     double qk_0 = 0.0;
                     double qk_1 = 0.0;
                     double qk_2 = 0.0;
                     double qk_3 = 0.0;
                     #pragma omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk_0 += K[c + d*(cap*(b*kv_heads + quot) + j)] * q[c + d*(b*q_heads + 4*h_tile)];
-                        qk_1 += K[c + d*(cap*(b*kv_heads + quot2) + j)] * q[c + d*(b*q_heads + 4*h_tile + 1)];
-                        qk_2 += K[c + d*(cap*(b*kv_heads + quot3) + j)] * q[c + d*(b*q_heads + 4*h_tile + 2)];
-                        qk_3 += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*h_tile + 3)];
+                        qk_0 += K[K_row0 + c] * q[c + d*(b*q_heads + 4*h_tile)];
+                        qk_1 += K[K_row1 + c] * q[c + d*(b*q_heads + 4*h_tile + 1)];
+                        qk_2 += K[K_row2 + c] * q[c + d*(b*q_heads + 4*h_tile + 2)];
+                        qk_3 += K[K_row3 + c] * q[c + d*(b*q_heads + 4*h_tile + 3)];
                     }
                     const double score_0 = scale * qk_0;
                     const double score_1 = scale * qk_1;
@@ -152,84 +172,36 @@ void attention_decode_split_f64(
                     row_sum_3 = row_sum_3 * rescale_3 + p_3;
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] * rescale_0 + p_0 * V[c + d*(cap*(b*kv_heads + quot) + j)];
-                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] * rescale_1 + p_1 * V[c + d*(cap*(b*kv_heads + quot2) + j)];
-                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] * rescale_2 + p_2 * V[c + d*(cap*(b*kv_heads + quot3) + j)];
-                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] * rescale_3 + p_3 * V[c + d*(cap*(b*kv_heads + quot4) + j)];
+                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] * rescale_0 + p_0 * V[V_row0 + c];
+                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] * rescale_1 + p_1 * V[V_row1 + c];
+                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] * rescale_2 + p_2 * V[V_row2 + c];
+                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] * rescale_3 + p_3 * V[V_row3 + c];
                     }
                     row_max_0 = new_max_0;
                     row_max_1 = new_max_1;
                     row_max_2 = new_max_2;
                     row_max_3 = new_max_3;
                 }
-                row_max_part[16*b*q_heads + 64*h_tile + j_split] = row_max_0;
-                row_max_part[16*b*q_heads + 64*h_tile + j_split + 16] = row_max_1;
-                row_max_part[16*b*q_heads + 64*h_tile + j_split + 32] = row_max_2;
-                row_max_part[16*b*q_heads + 64*h_tile + j_split + 48] = row_max_3;
-                row_sum_part[16*b*q_heads + 64*h_tile + j_split] = row_sum_0;
-                row_sum_part[16*b*q_heads + 64*h_tile + j_split + 16] = row_sum_1;
-                row_sum_part[16*b*q_heads + 64*h_tile + j_split + 32] = row_sum_2;
-                row_sum_part[16*b*q_heads + 64*h_tile + j_split + 48] = row_sum_3;
+                row_max_part[row_max_part_row0 + j_split] = row_max_0;
+                row_max_part[row_max_part_row1 + j_split] = row_max_1;
+                row_max_part[row_max_part_row2 + j_split] = row_max_2;
+                row_max_part[row_max_part_row3 + j_split] = row_max_3;
+                row_sum_part[row_sum_part_row0 + j_split] = row_sum_0;
+                row_sum_part[row_sum_part_row1 + j_split] = row_sum_1;
+                row_sum_part[row_sum_part_row2 + j_split] = row_sum_2;
+                row_sum_part[row_sum_part_row3 + j_split] = row_sum_3;
             }
         }
     }
-    /* heads.partial.edge: from the DNF
-     * O[b, h, c] = sum[j < n](
-     *                  exp(
-     *                      scale
-     *                      * sum[c2 < d](
-     *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-     *                      )
-     *                      - max[j2 < n](
-     *                          scale
-     *                          * sum[c3 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-     *                          )
-     *                      )
-     *                  )
-     *                  / sum[j3 < n](
-     *                      exp(
-     *                          scale
-     *                          * sum[c4 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-     *                          )
-     *                          - max[j4 < n](
-     *                              scale
-     *                              * sum[c5 < d](
-     *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-     *                              )
-     *                          )
-     *                      )
-     *                  )
-     *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-     *              )
-     * lse[b, h] = max[j5 < n](
-     *                 scale
-     *                 * sum[c6 < d](
-     *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-     *                 )
-     *             )
-     *             + log(
-     *                 sum[j6 < n](
-     *                     exp(
-     *                         scale
-     *                         * sum[c7 < d](
-     *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-     *                         )
-     *                         - max[j7 < n](
-     *                             scale
-     *                             * sum[c8 < d](
-     *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-     *                             )
-     *                         )
-     *                     )
-     *                 )
-     *             )
+    /* heads.partial.edge: reads K, q, V; scratch O_part, row_max_part, row_sum_part
+     * for b, h, j_split (parallel) / c (simd), j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 4*((q_heads) / 4); h < q_heads; ++h) {
             for (int64_t j_split = 0; j_split < 16; ++j_split) {
+                const int64_t row_max_part_row = 16*b*q_heads + 16*h;
+                const int64_t row_sum_part_row = 16*b*q_heads + 16*h;
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O_part[c + d*(16*b*q_heads + 16*h + j_split)] = 0.0;
@@ -238,10 +210,12 @@ void attention_decode_split_f64(
                 double row_sum = 0.0;
                 const int64_t quot5 = ((h) / (((q_heads) / kv_heads)));
                 for (int64_t j = j_split*((n + 15) / 16); j < (n < j_split*((n + 15) / 16) + ((n + 15) / 16) ? n : j_split*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
+                    const int64_t K_row = d*(cap*(b*kv_heads + quot5) + j);
+                    const int64_t V_row = d*(cap*(b*kv_heads + quot5) + j);
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += K[c + d*(cap*(b*kv_heads + quot5) + j)] * q[c + d*(b*q_heads + h)];
+                        qk += K[K_row + c] * q[c + d*(b*q_heads + h)];
                     }
                     const double score = scale * qk;
                     const double new_max = max_double(row_max, score);
@@ -251,71 +225,22 @@ void attention_decode_split_f64(
                     row_sum = row_sum * rescale + p;
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O_part[c + d*(16*b*q_heads + 16*h + j_split)] = O_part[c + d*(16*b*q_heads + 16*h + j_split)] * rescale + p * V[c + d*(cap*(b*kv_heads + quot5) + j)];
+                        O_part[c + d*(16*b*q_heads + 16*h + j_split)] = O_part[c + d*(16*b*q_heads + 16*h + j_split)] * rescale + p * V[V_row + c];
                     }
                     row_max = new_max;
                 }
-                row_max_part[16*b*q_heads + 16*h + j_split] = row_max;
-                row_sum_part[16*b*q_heads + 16*h + j_split] = row_sum;
+                row_max_part[row_max_part_row + j_split] = row_max;
+                row_sum_part[row_sum_part_row + j_split] = row_sum;
             }
         }
     }
-    /* heads.merge: from the DNF
-     * O[b, h, c] = sum[j < n](
-     *                  exp(
-     *                      scale
-     *                      * sum[c2 < d](
-     *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-     *                      )
-     *                      - max[j2 < n](
-     *                          scale
-     *                          * sum[c3 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-     *                          )
-     *                      )
-     *                  )
-     *                  / sum[j3 < n](
-     *                      exp(
-     *                          scale
-     *                          * sum[c4 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-     *                          )
-     *                          - max[j4 < n](
-     *                              scale
-     *                              * sum[c5 < d](
-     *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-     *                              )
-     *                          )
-     *                      )
-     *                  )
-     *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-     *              )
-     * lse[b, h] = max[j5 < n](
-     *                 scale
-     *                 * sum[c6 < d](
-     *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-     *                 )
-     *             )
-     *             + log(
-     *                 sum[j6 < n](
-     *                     exp(
-     *                         scale
-     *                         * sum[c7 < d](
-     *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-     *                         )
-     *                         - max[j7 < n](
-     *                             scale
-     *                             * sum[c8 < d](
-     *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-     *                             )
-     *                         )
-     *                     )
-     *                 )
-     *             )
+    /* heads.merge: writes O, lse; scratch row_max_part, row_sum_part, O_part
+     * for b, h (parallel) / j_split (simd), c, c (simd) / j_split (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < q_heads; ++h) {
+            const int64_t row_sum_part_row = 16*b*q_heads + 16*h;
             double row_max = -INFINITY;
             #pragma omp simd reduction(max:row_max)
             for (int64_t j_split = 0; j_split < 16; ++j_split) {
@@ -324,7 +249,7 @@ void attention_decode_split_f64(
             double row_sum = 0.0;
             #pragma omp simd reduction(+:row_sum)
             for (int64_t j_split = 0; j_split < 16; ++j_split) {
-                row_sum += row_sum_part[16*b*q_heads + 16*h + j_split] * exp(row_max_part[16*b*q_heads + 16*h + j_split] - row_max);
+                row_sum += row_sum_part[row_sum_part_row + j_split] * exp(row_max_part[16*b*q_heads + 16*h + j_split] - row_max);
             }
             for (int64_t c = 0; c < d; ++c) {
                 double acc = 0.0;
@@ -361,63 +286,21 @@ void attention_decode_split_f32(
     float scale
 )
 {
-    /* heads.partial: from the DNF
-     * O[b, h, c] = sum[j < n](
-     *                  exp(
-     *                      scale
-     *                      * sum[c2 < d](
-     *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-     *                      )
-     *                      - max[j2 < n](
-     *                          scale
-     *                          * sum[c3 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-     *                          )
-     *                      )
-     *                  )
-     *                  / sum[j3 < n](
-     *                      exp(
-     *                          scale
-     *                          * sum[c4 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-     *                          )
-     *                          - max[j4 < n](
-     *                              scale
-     *                              * sum[c5 < d](
-     *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-     *                              )
-     *                          )
-     *                      )
-     *                  )
-     *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-     *              )
-     * lse[b, h] = max[j5 < n](
-     *                 scale
-     *                 * sum[c6 < d](
-     *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-     *                 )
-     *             )
-     *             + log(
-     *                 sum[j6 < n](
-     *                     exp(
-     *                         scale
-     *                         * sum[c7 < d](
-     *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-     *                         )
-     *                         - max[j7 < n](
-     *                             scale
-     *                             * sum[c8 < d](
-     *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-     *                             )
-     *                         )
-     *                     )
-     *                 )
-     *             )
+    /* heads.partial: reads K, q, V; scratch O_part, row_max_part, row_sum_part
+     * for b, h_tile, j_split (parallel) / c (simd), j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h_tile = 0; h_tile < ((q_heads) / 4); ++h_tile) {
             for (int64_t j_split = 0; j_split < 16; ++j_split) {
+                const int64_t row_max_part_row0 = 16*b*q_heads + 64*h_tile;
+                const int64_t row_max_part_row1 = 16*b*q_heads + 64*h_tile + 16;
+                const int64_t row_max_part_row2 = 16*b*q_heads + 64*h_tile + 32;
+                const int64_t row_max_part_row3 = 16*b*q_heads + 64*h_tile + 48;
+                const int64_t row_sum_part_row0 = 16*b*q_heads + 64*h_tile;
+                const int64_t row_sum_part_row1 = 16*b*q_heads + 64*h_tile + 16;
+                const int64_t row_sum_part_row2 = 16*b*q_heads + 64*h_tile + 32;
+                const int64_t row_sum_part_row3 = 16*b*q_heads + 64*h_tile + 48;
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] = 0.0f;
@@ -438,16 +321,24 @@ void attention_decode_split_f32(
                 const int64_t quot3 = ((4*h_tile + 2) / (((q_heads) / kv_heads)));
                 const int64_t quot4 = ((4*h_tile + 3) / (((q_heads) / kv_heads)));
                 for (int64_t j = j_split*((n + 15) / 16); j < (n < j_split*((n + 15) / 16) + ((n + 15) / 16) ? n : j_split*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
+                    const int64_t K_row0 = d*(cap*(b*kv_heads + quot) + j);
+                    const int64_t K_row1 = d*(cap*(b*kv_heads + quot2) + j);
+                    const int64_t K_row2 = d*(cap*(b*kv_heads + quot3) + j);
+                    const int64_t K_row3 = d*(cap*(b*kv_heads + quot4) + j);
+                    const int64_t V_row0 = d*(cap*(b*kv_heads + quot) + j);
+                    const int64_t V_row1 = d*(cap*(b*kv_heads + quot2) + j);
+                    const int64_t V_row2 = d*(cap*(b*kv_heads + quot3) + j);
+                    const int64_t V_row3 = d*(cap*(b*kv_heads + quot4) + j);
                     float qk_0 = 0.0f;
                     float qk_1 = 0.0f;
                     float qk_2 = 0.0f;
                     float qk_3 = 0.0f;
                     #pragma omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk_0 += K[c + d*(cap*(b*kv_heads + quot) + j)] * q[c + d*(b*q_heads + 4*h_tile)];
-                        qk_1 += K[c + d*(cap*(b*kv_heads + quot2) + j)] * q[c + d*(b*q_heads + 4*h_tile + 1)];
-                        qk_2 += K[c + d*(cap*(b*kv_heads + quot3) + j)] * q[c + d*(b*q_heads + 4*h_tile + 2)];
-                        qk_3 += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*h_tile + 3)];
+                        qk_0 += K[K_row0 + c] * q[c + d*(b*q_heads + 4*h_tile)];
+                        qk_1 += K[K_row1 + c] * q[c + d*(b*q_heads + 4*h_tile + 1)];
+                        qk_2 += K[K_row2 + c] * q[c + d*(b*q_heads + 4*h_tile + 2)];
+                        qk_3 += K[K_row3 + c] * q[c + d*(b*q_heads + 4*h_tile + 3)];
                     }
                     const float score_0 = scale * qk_0;
                     const float score_1 = scale * qk_1;
@@ -475,84 +366,36 @@ void attention_decode_split_f32(
                     row_sum_3 = row_sum_3 * rescale_3 + p_3;
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] * rescale_0 + p_0 * V[c + d*(cap*(b*kv_heads + quot) + j)];
-                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] * rescale_1 + p_1 * V[c + d*(cap*(b*kv_heads + quot2) + j)];
-                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] * rescale_2 + p_2 * V[c + d*(cap*(b*kv_heads + quot3) + j)];
-                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] * rescale_3 + p_3 * V[c + d*(cap*(b*kv_heads + quot4) + j)];
+                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] * rescale_0 + p_0 * V[V_row0 + c];
+                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] * rescale_1 + p_1 * V[V_row1 + c];
+                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] * rescale_2 + p_2 * V[V_row2 + c];
+                        O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] * rescale_3 + p_3 * V[V_row3 + c];
                     }
                     row_max_0 = new_max_0;
                     row_max_1 = new_max_1;
                     row_max_2 = new_max_2;
                     row_max_3 = new_max_3;
                 }
-                row_max_part[16*b*q_heads + 64*h_tile + j_split] = row_max_0;
-                row_max_part[16*b*q_heads + 64*h_tile + j_split + 16] = row_max_1;
-                row_max_part[16*b*q_heads + 64*h_tile + j_split + 32] = row_max_2;
-                row_max_part[16*b*q_heads + 64*h_tile + j_split + 48] = row_max_3;
-                row_sum_part[16*b*q_heads + 64*h_tile + j_split] = row_sum_0;
-                row_sum_part[16*b*q_heads + 64*h_tile + j_split + 16] = row_sum_1;
-                row_sum_part[16*b*q_heads + 64*h_tile + j_split + 32] = row_sum_2;
-                row_sum_part[16*b*q_heads + 64*h_tile + j_split + 48] = row_sum_3;
+                row_max_part[row_max_part_row0 + j_split] = row_max_0;
+                row_max_part[row_max_part_row1 + j_split] = row_max_1;
+                row_max_part[row_max_part_row2 + j_split] = row_max_2;
+                row_max_part[row_max_part_row3 + j_split] = row_max_3;
+                row_sum_part[row_sum_part_row0 + j_split] = row_sum_0;
+                row_sum_part[row_sum_part_row1 + j_split] = row_sum_1;
+                row_sum_part[row_sum_part_row2 + j_split] = row_sum_2;
+                row_sum_part[row_sum_part_row3 + j_split] = row_sum_3;
             }
         }
     }
-    /* heads.partial.edge: from the DNF
-     * O[b, h, c] = sum[j < n](
-     *                  exp(
-     *                      scale
-     *                      * sum[c2 < d](
-     *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-     *                      )
-     *                      - max[j2 < n](
-     *                          scale
-     *                          * sum[c3 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-     *                          )
-     *                      )
-     *                  )
-     *                  / sum[j3 < n](
-     *                      exp(
-     *                          scale
-     *                          * sum[c4 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-     *                          )
-     *                          - max[j4 < n](
-     *                              scale
-     *                              * sum[c5 < d](
-     *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-     *                              )
-     *                          )
-     *                      )
-     *                  )
-     *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-     *              )
-     * lse[b, h] = max[j5 < n](
-     *                 scale
-     *                 * sum[c6 < d](
-     *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-     *                 )
-     *             )
-     *             + log(
-     *                 sum[j6 < n](
-     *                     exp(
-     *                         scale
-     *                         * sum[c7 < d](
-     *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-     *                         )
-     *                         - max[j7 < n](
-     *                             scale
-     *                             * sum[c8 < d](
-     *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-     *                             )
-     *                         )
-     *                     )
-     *                 )
-     *             )
+    /* heads.partial.edge: reads K, q, V; scratch O_part, row_max_part, row_sum_part
+     * for b, h, j_split (parallel) / c (simd), j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 4*((q_heads) / 4); h < q_heads; ++h) {
             for (int64_t j_split = 0; j_split < 16; ++j_split) {
+                const int64_t row_max_part_row = 16*b*q_heads + 16*h;
+                const int64_t row_sum_part_row = 16*b*q_heads + 16*h;
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O_part[c + d*(16*b*q_heads + 16*h + j_split)] = 0.0f;
@@ -561,10 +404,12 @@ void attention_decode_split_f32(
                 float row_sum = 0.0f;
                 const int64_t quot5 = ((h) / (((q_heads) / kv_heads)));
                 for (int64_t j = j_split*((n + 15) / 16); j < (n < j_split*((n + 15) / 16) + ((n + 15) / 16) ? n : j_split*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
+                    const int64_t K_row = d*(cap*(b*kv_heads + quot5) + j);
+                    const int64_t V_row = d*(cap*(b*kv_heads + quot5) + j);
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += K[c + d*(cap*(b*kv_heads + quot5) + j)] * q[c + d*(b*q_heads + h)];
+                        qk += K[K_row + c] * q[c + d*(b*q_heads + h)];
                     }
                     const float score = scale * qk;
                     const float new_max = max_float(row_max, score);
@@ -574,71 +419,22 @@ void attention_decode_split_f32(
                     row_sum = row_sum * rescale + p;
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O_part[c + d*(16*b*q_heads + 16*h + j_split)] = O_part[c + d*(16*b*q_heads + 16*h + j_split)] * rescale + p * V[c + d*(cap*(b*kv_heads + quot5) + j)];
+                        O_part[c + d*(16*b*q_heads + 16*h + j_split)] = O_part[c + d*(16*b*q_heads + 16*h + j_split)] * rescale + p * V[V_row + c];
                     }
                     row_max = new_max;
                 }
-                row_max_part[16*b*q_heads + 16*h + j_split] = row_max;
-                row_sum_part[16*b*q_heads + 16*h + j_split] = row_sum;
+                row_max_part[row_max_part_row + j_split] = row_max;
+                row_sum_part[row_sum_part_row + j_split] = row_sum;
             }
         }
     }
-    /* heads.merge: from the DNF
-     * O[b, h, c] = sum[j < n](
-     *                  exp(
-     *                      scale
-     *                      * sum[c2 < d](
-     *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-     *                      )
-     *                      - max[j2 < n](
-     *                          scale
-     *                          * sum[c3 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-     *                          )
-     *                      )
-     *                  )
-     *                  / sum[j3 < n](
-     *                      exp(
-     *                          scale
-     *                          * sum[c4 < d](
-     *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-     *                          )
-     *                          - max[j4 < n](
-     *                              scale
-     *                              * sum[c5 < d](
-     *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-     *                              )
-     *                          )
-     *                      )
-     *                  )
-     *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-     *              )
-     * lse[b, h] = max[j5 < n](
-     *                 scale
-     *                 * sum[c6 < d](
-     *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-     *                 )
-     *             )
-     *             + log(
-     *                 sum[j6 < n](
-     *                     exp(
-     *                         scale
-     *                         * sum[c7 < d](
-     *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-     *                         )
-     *                         - max[j7 < n](
-     *                             scale
-     *                             * sum[c8 < d](
-     *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-     *                             )
-     *                         )
-     *                     )
-     *                 )
-     *             )
+    /* heads.merge: writes O, lse; scratch row_max_part, row_sum_part, O_part
+     * for b, h (parallel) / j_split (simd), c, c (simd) / j_split (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < q_heads; ++h) {
+            const int64_t row_sum_part_row = 16*b*q_heads + 16*h;
             float row_max = -INFINITY;
             #pragma omp simd reduction(max:row_max)
             for (int64_t j_split = 0; j_split < 16; ++j_split) {
@@ -647,7 +443,7 @@ void attention_decode_split_f32(
             float row_sum = 0.0f;
             #pragma omp simd reduction(+:row_sum)
             for (int64_t j_split = 0; j_split < 16; ++j_split) {
-                row_sum += row_sum_part[16*b*q_heads + 16*h + j_split] * expf(row_max_part[16*b*q_heads + 16*h + j_split] - row_max);
+                row_sum += row_sum_part[row_sum_part_row + j_split] * expf(row_max_part[16*b*q_heads + 16*h + j_split] - row_max);
             }
             for (int64_t c = 0; c < d; ++c) {
                 float acc = 0.0f;

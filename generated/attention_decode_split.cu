@@ -4,11 +4,7 @@
  * Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h)); hoist(); online_softmax(heads); split_keys(heads, over=(b, h), j, 16); lower_reductions(); unroll_jam(heads.partial, h, 4); gpu_threads(b, h_tile, j_split, 128 a block, nest=heads.partial); gpu_threads(b, h, 128 a block, nest=heads.merge); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda attention_decode --variant split
  */
-#include <math.h>
-#include <stdint.h>
-#include <cuda_runtime.h>
-
-/* heads.partial: from the DNF
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
  * O[b, h, c] = sum[j < n](
  *                  exp(
  *                      scale
@@ -61,6 +57,14 @@
  *                 )
  *             )
  */
+
+#include <math.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+/* heads.partial: reads K, q, V; scratch O_part, row_max_part, row_sum_part
+ * for b, h_tile, j_split (parallel) / c (simd), j / c (simd)
+ */
 __global__ void attention_decode_split_f64_heads_partial(
     const double *__restrict__ q,
     const double *__restrict__ K,
@@ -84,6 +88,14 @@ __global__ void attention_decode_split_f64_heads_partial(
     const int64_t j_split = tid % 16;
     const int64_t h_tile = (tid / 16) % (((q_heads) / 4));
     const int64_t b = (tid / (16*((q_heads) / 4)));
+    const int64_t row_max_part_row0 = 16*b*q_heads + 64*h_tile;
+    const int64_t row_max_part_row1 = 16*b*q_heads + 64*h_tile + 16;
+    const int64_t row_max_part_row2 = 16*b*q_heads + 64*h_tile + 32;
+    const int64_t row_max_part_row3 = 16*b*q_heads + 64*h_tile + 48;
+    const int64_t row_sum_part_row0 = 16*b*q_heads + 64*h_tile;
+    const int64_t row_sum_part_row1 = 16*b*q_heads + 64*h_tile + 16;
+    const int64_t row_sum_part_row2 = 16*b*q_heads + 64*h_tile + 32;
+    const int64_t row_sum_part_row3 = 16*b*q_heads + 64*h_tile + 48;
     for (int64_t c = 0; c < d; ++c) {
         O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] = 0.0;
         O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] = 0.0;
@@ -103,15 +115,23 @@ __global__ void attention_decode_split_f64_heads_partial(
     const int64_t quot3 = ((4*h_tile + 2) / (((q_heads) / kv_heads)));
     const int64_t quot4 = ((4*h_tile + 3) / (((q_heads) / kv_heads)));
     for (int64_t j = j_split*((n + 15) / 16); j < (n < j_split*((n + 15) / 16) + ((n + 15) / 16) ? n : j_split*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
+        const int64_t K_row0 = d*(cap*(b*kv_heads + quot) + j);
+        const int64_t K_row1 = d*(cap*(b*kv_heads + quot2) + j);
+        const int64_t K_row2 = d*(cap*(b*kv_heads + quot3) + j);
+        const int64_t K_row3 = d*(cap*(b*kv_heads + quot4) + j);
+        const int64_t V_row0 = d*(cap*(b*kv_heads + quot) + j);
+        const int64_t V_row1 = d*(cap*(b*kv_heads + quot2) + j);
+        const int64_t V_row2 = d*(cap*(b*kv_heads + quot3) + j);
+        const int64_t V_row3 = d*(cap*(b*kv_heads + quot4) + j);
         double qk_0 = 0.0;
         double qk_1 = 0.0;
         double qk_2 = 0.0;
         double qk_3 = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk_0 += K[c + d*(cap*(b*kv_heads + quot) + j)] * q[c + d*(b*q_heads + 4*h_tile)];
-            qk_1 += K[c + d*(cap*(b*kv_heads + quot2) + j)] * q[c + d*(b*q_heads + 4*h_tile + 1)];
-            qk_2 += K[c + d*(cap*(b*kv_heads + quot3) + j)] * q[c + d*(b*q_heads + 4*h_tile + 2)];
-            qk_3 += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*h_tile + 3)];
+            qk_0 += K[K_row0 + c] * q[c + d*(b*q_heads + 4*h_tile)];
+            qk_1 += K[K_row1 + c] * q[c + d*(b*q_heads + 4*h_tile + 1)];
+            qk_2 += K[K_row2 + c] * q[c + d*(b*q_heads + 4*h_tile + 2)];
+            qk_3 += K[K_row3 + c] * q[c + d*(b*q_heads + 4*h_tile + 3)];
         }
         const double score_0 = scale * qk_0;
         const double score_1 = scale * qk_1;
@@ -138,78 +158,28 @@ __global__ void attention_decode_split_f64_heads_partial(
         row_sum_2 = row_sum_2 * rescale_2 + p_2;
         row_sum_3 = row_sum_3 * rescale_3 + p_3;
         for (int64_t c = 0; c < d; ++c) {
-            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] * rescale_0 + p_0 * V[c + d*(cap*(b*kv_heads + quot) + j)];
-            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] * rescale_1 + p_1 * V[c + d*(cap*(b*kv_heads + quot2) + j)];
-            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] * rescale_2 + p_2 * V[c + d*(cap*(b*kv_heads + quot3) + j)];
-            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] * rescale_3 + p_3 * V[c + d*(cap*(b*kv_heads + quot4) + j)];
+            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] * rescale_0 + p_0 * V[V_row0 + c];
+            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] * rescale_1 + p_1 * V[V_row1 + c];
+            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] * rescale_2 + p_2 * V[V_row2 + c];
+            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] * rescale_3 + p_3 * V[V_row3 + c];
         }
         row_max_0 = new_max_0;
         row_max_1 = new_max_1;
         row_max_2 = new_max_2;
         row_max_3 = new_max_3;
     }
-    row_max_part[16*b*q_heads + 64*h_tile + j_split] = row_max_0;
-    row_max_part[16*b*q_heads + 64*h_tile + j_split + 16] = row_max_1;
-    row_max_part[16*b*q_heads + 64*h_tile + j_split + 32] = row_max_2;
-    row_max_part[16*b*q_heads + 64*h_tile + j_split + 48] = row_max_3;
-    row_sum_part[16*b*q_heads + 64*h_tile + j_split] = row_sum_0;
-    row_sum_part[16*b*q_heads + 64*h_tile + j_split + 16] = row_sum_1;
-    row_sum_part[16*b*q_heads + 64*h_tile + j_split + 32] = row_sum_2;
-    row_sum_part[16*b*q_heads + 64*h_tile + j_split + 48] = row_sum_3;
+    row_max_part[row_max_part_row0 + j_split] = row_max_0;
+    row_max_part[row_max_part_row1 + j_split] = row_max_1;
+    row_max_part[row_max_part_row2 + j_split] = row_max_2;
+    row_max_part[row_max_part_row3 + j_split] = row_max_3;
+    row_sum_part[row_sum_part_row0 + j_split] = row_sum_0;
+    row_sum_part[row_sum_part_row1 + j_split] = row_sum_1;
+    row_sum_part[row_sum_part_row2 + j_split] = row_sum_2;
+    row_sum_part[row_sum_part_row3 + j_split] = row_sum_3;
 }
 
-/* heads.partial.edge: from the DNF
- * O[b, h, c] = sum[j < n](
- *                  exp(
- *                      scale
- *                      * sum[c2 < d](
- *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
- *                      )
- *                      - max[j2 < n](
- *                          scale
- *                          * sum[c3 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
- *                          )
- *                      )
- *                  )
- *                  / sum[j3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c4 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
- *                          )
- *                          - max[j4 < n](
- *                              scale
- *                              * sum[c5 < d](
- *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
- *                              )
- *                          )
- *                      )
- *                  )
- *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
- *              )
- * lse[b, h] = max[j5 < n](
- *                 scale
- *                 * sum[c6 < d](
- *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
- *                 )
- *             )
- *             + log(
- *                 sum[j6 < n](
- *                     exp(
- *                         scale
- *                         * sum[c7 < d](
- *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
- *                         )
- *                         - max[j7 < n](
- *                             scale
- *                             * sum[c8 < d](
- *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
- *                             )
- *                         )
- *                     )
- *                 )
- *             )
+/* heads.partial.edge: reads K, q, V; scratch O_part, row_max_part, row_sum_part
+ * for b, h, j_split (parallel) / c (simd), j / c (simd)
  */
 __global__ void attention_decode_split_f64_heads_partial_edge(
     const double *__restrict__ q,
@@ -234,6 +204,8 @@ __global__ void attention_decode_split_f64_heads_partial_edge(
     const int64_t j_split = tid % 16;
     const int64_t h = 4*((q_heads) / 4) + (tid / 16) % (q_heads - 4*((q_heads) / 4));
     const int64_t b = (tid / (16*q_heads - 64*((q_heads) / 4)));
+    const int64_t row_max_part_row = 16*b*q_heads + 16*h;
+    const int64_t row_sum_part_row = 16*b*q_heads + 16*h;
     for (int64_t c = 0; c < d; ++c) {
         O_part[c + d*(16*b*q_heads + 16*h + j_split)] = 0.0;
     }
@@ -241,9 +213,11 @@ __global__ void attention_decode_split_f64_heads_partial_edge(
     double row_sum = 0.0;
     const int64_t quot5 = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = j_split*((n + 15) / 16); j < (n < j_split*((n + 15) / 16) + ((n + 15) / 16) ? n : j_split*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
+        const int64_t K_row = d*(cap*(b*kv_heads + quot5) + j);
+        const int64_t V_row = d*(cap*(b*kv_heads + quot5) + j);
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + quot5) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[K_row + c] * q[c + d*(b*q_heads + h)];
         }
         const double score = scale * qk;
         const double new_max = fmax(row_max, score);
@@ -252,66 +226,16 @@ __global__ void attention_decode_split_f64_heads_partial_edge(
         const double p = (score > row_max ? 1.0 : exp_gap);
         row_sum = row_sum * rescale + p;
         for (int64_t c = 0; c < d; ++c) {
-            O_part[c + d*(16*b*q_heads + 16*h + j_split)] = O_part[c + d*(16*b*q_heads + 16*h + j_split)] * rescale + p * V[c + d*(cap*(b*kv_heads + quot5) + j)];
+            O_part[c + d*(16*b*q_heads + 16*h + j_split)] = O_part[c + d*(16*b*q_heads + 16*h + j_split)] * rescale + p * V[V_row + c];
         }
         row_max = new_max;
     }
-    row_max_part[16*b*q_heads + 16*h + j_split] = row_max;
-    row_sum_part[16*b*q_heads + 16*h + j_split] = row_sum;
+    row_max_part[row_max_part_row + j_split] = row_max;
+    row_sum_part[row_sum_part_row + j_split] = row_sum;
 }
 
-/* heads.merge: from the DNF
- * O[b, h, c] = sum[j < n](
- *                  exp(
- *                      scale
- *                      * sum[c2 < d](
- *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
- *                      )
- *                      - max[j2 < n](
- *                          scale
- *                          * sum[c3 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
- *                          )
- *                      )
- *                  )
- *                  / sum[j3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c4 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
- *                          )
- *                          - max[j4 < n](
- *                              scale
- *                              * sum[c5 < d](
- *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
- *                              )
- *                          )
- *                      )
- *                  )
- *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
- *              )
- * lse[b, h] = max[j5 < n](
- *                 scale
- *                 * sum[c6 < d](
- *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
- *                 )
- *             )
- *             + log(
- *                 sum[j6 < n](
- *                     exp(
- *                         scale
- *                         * sum[c7 < d](
- *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
- *                         )
- *                         - max[j7 < n](
- *                             scale
- *                             * sum[c8 < d](
- *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
- *                             )
- *                         )
- *                     )
- *                 )
- *             )
+/* heads.merge: writes O, lse; scratch row_max_part, row_sum_part, O_part
+ * for b, h (parallel) / j_split (simd), c, c (simd) / j_split (simd)
  */
 __global__ void attention_decode_split_f64_heads_merge(
     const double *__restrict__ q,
@@ -335,13 +259,14 @@ __global__ void attention_decode_split_f64_heads_merge(
     if (tid >= batch*q_heads) return;
     const int64_t h = tid % q_heads;
     const int64_t b = (tid / q_heads);
+    const int64_t row_sum_part_row = 16*b*q_heads + 16*h;
     double row_max = -INFINITY;
     for (int64_t j_split = 0; j_split < 16; ++j_split) {
         row_max = fmax(row_max, row_max_part[16*b*q_heads + 16*h + j_split]);
     }
     double row_sum = 0.0;
     for (int64_t j_split = 0; j_split < 16; ++j_split) {
-        row_sum += row_sum_part[16*b*q_heads + 16*h + j_split] * exp(row_max_part[16*b*q_heads + 16*h + j_split] - row_max);
+        row_sum += row_sum_part[row_sum_part_row + j_split] * exp(row_max_part[16*b*q_heads + 16*h + j_split] - row_max);
     }
     for (int64_t c = 0; c < d; ++c) {
         double acc = 0.0;
@@ -376,23 +301,22 @@ extern "C" int attention_decode_split_f64(
     double scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = 16*batch*((q_heads) / 4);
+        const int64_t count = 16*batch*((q_heads) / 4), threads = 128;
         attention_decode_split_f64_heads_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 16*batch*(q_heads - 4*((q_heads) / 4));
+        const int64_t count = 16*batch*(q_heads - 4*((q_heads) / 4)), threads = 128;
         attention_decode_split_f64_heads_partial_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*q_heads;
+        const int64_t count = batch*q_heads, threads = 128;
         attention_decode_split_f64_heads_merge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
         const cudaError_t err = cudaGetLastError();
@@ -401,58 +325,8 @@ extern "C" int attention_decode_split_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* heads.partial: from the DNF
- * O[b, h, c] = sum[j < n](
- *                  exp(
- *                      scale
- *                      * sum[c2 < d](
- *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
- *                      )
- *                      - max[j2 < n](
- *                          scale
- *                          * sum[c3 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
- *                          )
- *                      )
- *                  )
- *                  / sum[j3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c4 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
- *                          )
- *                          - max[j4 < n](
- *                              scale
- *                              * sum[c5 < d](
- *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
- *                              )
- *                          )
- *                      )
- *                  )
- *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
- *              )
- * lse[b, h] = max[j5 < n](
- *                 scale
- *                 * sum[c6 < d](
- *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
- *                 )
- *             )
- *             + log(
- *                 sum[j6 < n](
- *                     exp(
- *                         scale
- *                         * sum[c7 < d](
- *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
- *                         )
- *                         - max[j7 < n](
- *                             scale
- *                             * sum[c8 < d](
- *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
- *                             )
- *                         )
- *                     )
- *                 )
- *             )
+/* heads.partial: reads K, q, V; scratch O_part, row_max_part, row_sum_part
+ * for b, h_tile, j_split (parallel) / c (simd), j / c (simd)
  */
 __global__ void attention_decode_split_f32_heads_partial(
     const float *__restrict__ q,
@@ -477,6 +351,14 @@ __global__ void attention_decode_split_f32_heads_partial(
     const int64_t j_split = tid % 16;
     const int64_t h_tile = (tid / 16) % (((q_heads) / 4));
     const int64_t b = (tid / (16*((q_heads) / 4)));
+    const int64_t row_max_part_row0 = 16*b*q_heads + 64*h_tile;
+    const int64_t row_max_part_row1 = 16*b*q_heads + 64*h_tile + 16;
+    const int64_t row_max_part_row2 = 16*b*q_heads + 64*h_tile + 32;
+    const int64_t row_max_part_row3 = 16*b*q_heads + 64*h_tile + 48;
+    const int64_t row_sum_part_row0 = 16*b*q_heads + 64*h_tile;
+    const int64_t row_sum_part_row1 = 16*b*q_heads + 64*h_tile + 16;
+    const int64_t row_sum_part_row2 = 16*b*q_heads + 64*h_tile + 32;
+    const int64_t row_sum_part_row3 = 16*b*q_heads + 64*h_tile + 48;
     for (int64_t c = 0; c < d; ++c) {
         O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] = 0.0f;
         O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] = 0.0f;
@@ -496,15 +378,23 @@ __global__ void attention_decode_split_f32_heads_partial(
     const int64_t quot3 = ((4*h_tile + 2) / (((q_heads) / kv_heads)));
     const int64_t quot4 = ((4*h_tile + 3) / (((q_heads) / kv_heads)));
     for (int64_t j = j_split*((n + 15) / 16); j < (n < j_split*((n + 15) / 16) + ((n + 15) / 16) ? n : j_split*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
+        const int64_t K_row0 = d*(cap*(b*kv_heads + quot) + j);
+        const int64_t K_row1 = d*(cap*(b*kv_heads + quot2) + j);
+        const int64_t K_row2 = d*(cap*(b*kv_heads + quot3) + j);
+        const int64_t K_row3 = d*(cap*(b*kv_heads + quot4) + j);
+        const int64_t V_row0 = d*(cap*(b*kv_heads + quot) + j);
+        const int64_t V_row1 = d*(cap*(b*kv_heads + quot2) + j);
+        const int64_t V_row2 = d*(cap*(b*kv_heads + quot3) + j);
+        const int64_t V_row3 = d*(cap*(b*kv_heads + quot4) + j);
         float qk_0 = 0.0f;
         float qk_1 = 0.0f;
         float qk_2 = 0.0f;
         float qk_3 = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk_0 += K[c + d*(cap*(b*kv_heads + quot) + j)] * q[c + d*(b*q_heads + 4*h_tile)];
-            qk_1 += K[c + d*(cap*(b*kv_heads + quot2) + j)] * q[c + d*(b*q_heads + 4*h_tile + 1)];
-            qk_2 += K[c + d*(cap*(b*kv_heads + quot3) + j)] * q[c + d*(b*q_heads + 4*h_tile + 2)];
-            qk_3 += K[c + d*(cap*(b*kv_heads + quot4) + j)] * q[c + d*(b*q_heads + 4*h_tile + 3)];
+            qk_0 += K[K_row0 + c] * q[c + d*(b*q_heads + 4*h_tile)];
+            qk_1 += K[K_row1 + c] * q[c + d*(b*q_heads + 4*h_tile + 1)];
+            qk_2 += K[K_row2 + c] * q[c + d*(b*q_heads + 4*h_tile + 2)];
+            qk_3 += K[K_row3 + c] * q[c + d*(b*q_heads + 4*h_tile + 3)];
         }
         const float score_0 = scale * qk_0;
         const float score_1 = scale * qk_1;
@@ -531,78 +421,28 @@ __global__ void attention_decode_split_f32_heads_partial(
         row_sum_2 = row_sum_2 * rescale_2 + p_2;
         row_sum_3 = row_sum_3 * rescale_3 + p_3;
         for (int64_t c = 0; c < d; ++c) {
-            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] * rescale_0 + p_0 * V[c + d*(cap*(b*kv_heads + quot) + j)];
-            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] * rescale_1 + p_1 * V[c + d*(cap*(b*kv_heads + quot2) + j)];
-            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] * rescale_2 + p_2 * V[c + d*(cap*(b*kv_heads + quot3) + j)];
-            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] * rescale_3 + p_3 * V[c + d*(cap*(b*kv_heads + quot4) + j)];
+            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split)] * rescale_0 + p_0 * V[V_row0 + c];
+            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 16)] * rescale_1 + p_1 * V[V_row1 + c];
+            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 32)] * rescale_2 + p_2 * V[V_row2 + c];
+            O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] = O_part[c + d*(16*b*q_heads + 64*h_tile + j_split + 48)] * rescale_3 + p_3 * V[V_row3 + c];
         }
         row_max_0 = new_max_0;
         row_max_1 = new_max_1;
         row_max_2 = new_max_2;
         row_max_3 = new_max_3;
     }
-    row_max_part[16*b*q_heads + 64*h_tile + j_split] = row_max_0;
-    row_max_part[16*b*q_heads + 64*h_tile + j_split + 16] = row_max_1;
-    row_max_part[16*b*q_heads + 64*h_tile + j_split + 32] = row_max_2;
-    row_max_part[16*b*q_heads + 64*h_tile + j_split + 48] = row_max_3;
-    row_sum_part[16*b*q_heads + 64*h_tile + j_split] = row_sum_0;
-    row_sum_part[16*b*q_heads + 64*h_tile + j_split + 16] = row_sum_1;
-    row_sum_part[16*b*q_heads + 64*h_tile + j_split + 32] = row_sum_2;
-    row_sum_part[16*b*q_heads + 64*h_tile + j_split + 48] = row_sum_3;
+    row_max_part[row_max_part_row0 + j_split] = row_max_0;
+    row_max_part[row_max_part_row1 + j_split] = row_max_1;
+    row_max_part[row_max_part_row2 + j_split] = row_max_2;
+    row_max_part[row_max_part_row3 + j_split] = row_max_3;
+    row_sum_part[row_sum_part_row0 + j_split] = row_sum_0;
+    row_sum_part[row_sum_part_row1 + j_split] = row_sum_1;
+    row_sum_part[row_sum_part_row2 + j_split] = row_sum_2;
+    row_sum_part[row_sum_part_row3 + j_split] = row_sum_3;
 }
 
-/* heads.partial.edge: from the DNF
- * O[b, h, c] = sum[j < n](
- *                  exp(
- *                      scale
- *                      * sum[c2 < d](
- *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
- *                      )
- *                      - max[j2 < n](
- *                          scale
- *                          * sum[c3 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
- *                          )
- *                      )
- *                  )
- *                  / sum[j3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c4 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
- *                          )
- *                          - max[j4 < n](
- *                              scale
- *                              * sum[c5 < d](
- *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
- *                              )
- *                          )
- *                      )
- *                  )
- *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
- *              )
- * lse[b, h] = max[j5 < n](
- *                 scale
- *                 * sum[c6 < d](
- *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
- *                 )
- *             )
- *             + log(
- *                 sum[j6 < n](
- *                     exp(
- *                         scale
- *                         * sum[c7 < d](
- *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
- *                         )
- *                         - max[j7 < n](
- *                             scale
- *                             * sum[c8 < d](
- *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
- *                             )
- *                         )
- *                     )
- *                 )
- *             )
+/* heads.partial.edge: reads K, q, V; scratch O_part, row_max_part, row_sum_part
+ * for b, h, j_split (parallel) / c (simd), j / c (simd)
  */
 __global__ void attention_decode_split_f32_heads_partial_edge(
     const float *__restrict__ q,
@@ -627,6 +467,8 @@ __global__ void attention_decode_split_f32_heads_partial_edge(
     const int64_t j_split = tid % 16;
     const int64_t h = 4*((q_heads) / 4) + (tid / 16) % (q_heads - 4*((q_heads) / 4));
     const int64_t b = (tid / (16*q_heads - 64*((q_heads) / 4)));
+    const int64_t row_max_part_row = 16*b*q_heads + 16*h;
+    const int64_t row_sum_part_row = 16*b*q_heads + 16*h;
     for (int64_t c = 0; c < d; ++c) {
         O_part[c + d*(16*b*q_heads + 16*h + j_split)] = 0.0f;
     }
@@ -634,9 +476,11 @@ __global__ void attention_decode_split_f32_heads_partial_edge(
     float row_sum = 0.0f;
     const int64_t quot5 = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = j_split*((n + 15) / 16); j < (n < j_split*((n + 15) / 16) + ((n + 15) / 16) ? n : j_split*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
+        const int64_t K_row = d*(cap*(b*kv_heads + quot5) + j);
+        const int64_t V_row = d*(cap*(b*kv_heads + quot5) + j);
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + quot5) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[K_row + c] * q[c + d*(b*q_heads + h)];
         }
         const float score = scale * qk;
         const float new_max = fmaxf(row_max, score);
@@ -645,66 +489,16 @@ __global__ void attention_decode_split_f32_heads_partial_edge(
         const float p = (score > row_max ? 1.0f : exp_gap);
         row_sum = row_sum * rescale + p;
         for (int64_t c = 0; c < d; ++c) {
-            O_part[c + d*(16*b*q_heads + 16*h + j_split)] = O_part[c + d*(16*b*q_heads + 16*h + j_split)] * rescale + p * V[c + d*(cap*(b*kv_heads + quot5) + j)];
+            O_part[c + d*(16*b*q_heads + 16*h + j_split)] = O_part[c + d*(16*b*q_heads + 16*h + j_split)] * rescale + p * V[V_row + c];
         }
         row_max = new_max;
     }
-    row_max_part[16*b*q_heads + 16*h + j_split] = row_max;
-    row_sum_part[16*b*q_heads + 16*h + j_split] = row_sum;
+    row_max_part[row_max_part_row + j_split] = row_max;
+    row_sum_part[row_sum_part_row + j_split] = row_sum;
 }
 
-/* heads.merge: from the DNF
- * O[b, h, c] = sum[j < n](
- *                  exp(
- *                      scale
- *                      * sum[c2 < d](
- *                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
- *                      )
- *                      - max[j2 < n](
- *                          scale
- *                          * sum[c3 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
- *                          )
- *                      )
- *                  )
- *                  / sum[j3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c4 < d](
- *                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
- *                          )
- *                          - max[j4 < n](
- *                              scale
- *                              * sum[c5 < d](
- *                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
- *                              )
- *                          )
- *                      )
- *                  )
- *                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
- *              )
- * lse[b, h] = max[j5 < n](
- *                 scale
- *                 * sum[c6 < d](
- *                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
- *                 )
- *             )
- *             + log(
- *                 sum[j6 < n](
- *                     exp(
- *                         scale
- *                         * sum[c7 < d](
- *                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
- *                         )
- *                         - max[j7 < n](
- *                             scale
- *                             * sum[c8 < d](
- *                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
- *                             )
- *                         )
- *                     )
- *                 )
- *             )
+/* heads.merge: writes O, lse; scratch row_max_part, row_sum_part, O_part
+ * for b, h (parallel) / j_split (simd), c, c (simd) / j_split (simd)
  */
 __global__ void attention_decode_split_f32_heads_merge(
     const float *__restrict__ q,
@@ -728,13 +522,14 @@ __global__ void attention_decode_split_f32_heads_merge(
     if (tid >= batch*q_heads) return;
     const int64_t h = tid % q_heads;
     const int64_t b = (tid / q_heads);
+    const int64_t row_sum_part_row = 16*b*q_heads + 16*h;
     float row_max = -INFINITY;
     for (int64_t j_split = 0; j_split < 16; ++j_split) {
         row_max = fmaxf(row_max, row_max_part[16*b*q_heads + 16*h + j_split]);
     }
     float row_sum = 0.0f;
     for (int64_t j_split = 0; j_split < 16; ++j_split) {
-        row_sum += row_sum_part[16*b*q_heads + 16*h + j_split] * expf(row_max_part[16*b*q_heads + 16*h + j_split] - row_max);
+        row_sum += row_sum_part[row_sum_part_row + j_split] * expf(row_max_part[16*b*q_heads + 16*h + j_split] - row_max);
     }
     for (int64_t c = 0; c < d; ++c) {
         float acc = 0.0f;
@@ -769,23 +564,22 @@ extern "C" int attention_decode_split_f32(
     float scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = 16*batch*((q_heads) / 4);
+        const int64_t count = 16*batch*((q_heads) / 4), threads = 128;
         attention_decode_split_f32_heads_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 16*batch*(q_heads - 4*((q_heads) / 4));
+        const int64_t count = 16*batch*(q_heads - 4*((q_heads) / 4)), threads = 128;
         attention_decode_split_f32_heads_partial_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*q_heads;
+        const int64_t count = batch*q_heads, threads = 128;
         attention_decode_split_f32_heads_merge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
         const cudaError_t err = cudaGetLastError();

@@ -2,6 +2,59 @@
 ! Target cpu; schedule parameters heads=4.
 ! Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h)); hoist(); online_softmax(heads); split_keys(heads, over=(b, h), j, 16); lower_reductions(); unroll_jam(heads.partial, h, 4); parallel(b, h_tile, j_split, nest=heads.partial); parallel(b, h, nest=heads.merge); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran attention_decode --variant split
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! O[b, h, c] = sum[j < n](
+!                  exp(
+!                      scale
+!                      * sum[c2 < d](
+!                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
+!                      )
+!                      - max[j2 < n](
+!                          scale
+!                          * sum[c3 < d](
+!                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
+!                          )
+!                      )
+!                  )
+!                  / sum[j3 < n](
+!                      exp(
+!                          scale
+!                          * sum[c4 < d](
+!                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
+!                          )
+!                          - max[j4 < n](
+!                              scale
+!                              * sum[c5 < d](
+!                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
+!                              )
+!                          )
+!                      )
+!                  )
+!                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
+!              )
+! lse[b, h] = max[j5 < n](
+!                 scale
+!                 * sum[c6 < d](
+!                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
+!                 )
+!             )
+!             + log(
+!                 sum[j6 < n](
+!                     exp(
+!                         scale
+!                         * sum[c7 < d](
+!                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
+!                         )
+!                         - max[j7 < n](
+!                             scale
+!                             * sum[c8 < d](
+!                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
+!                             )
+!                         )
+!                     )
+!                 )
+!             )
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_negative_inf
@@ -23,7 +76,11 @@ contains
     real(c_double), intent(out) :: row_max_part(0:batch * q_heads * 16 - 1)
     real(c_double), intent(out) :: row_sum_part(0:batch * q_heads * 16 - 1)
     real(c_double), intent(out) :: O_part(0:batch * q_heads * 16 * d - 1)
-    integer(c_int64_t) :: b, h_tile, j_split, c, j, h, quot, quot2, quot3, quot4, quot5
+    integer(c_int64_t) :: b, h_tile, j_split, c, j, h, quot, quot2, quot3, quot4, quot5, &
+        & row_max_part_row0, row_max_part_row1, row_max_part_row2, row_max_part_row3, &
+        & row_sum_part_row0, row_sum_part_row1, row_sum_part_row2, row_sum_part_row3, K_row0, &
+        & K_row1, K_row2, K_row3, V_row0, V_row1, V_row2, V_row3, row_max_part_row, &
+        & row_sum_part_row, K_row, V_row
     real(c_double) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, &
         & row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, score_2, score_3, &
         & new_max_0, new_max_1, new_max_2, new_max_3, exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, &
@@ -33,66 +90,27 @@ contains
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
 
-    ! heads.partial: from the DNF
-    ! O[b, h, c] = sum[j < n](
-    !                  exp(
-    !                      scale
-    !                      * sum[c2 < d](
-    !                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-    !                      )
-    !                      - max[j2 < n](
-    !                          scale
-    !                          * sum[c3 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-    !                          )
-    !                      )
-    !                  )
-    !                  / sum[j3 < n](
-    !                      exp(
-    !                          scale
-    !                          * sum[c4 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-    !                          )
-    !                          - max[j4 < n](
-    !                              scale
-    !                              * sum[c5 < d](
-    !                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-    !                              )
-    !                          )
-    !                      )
-    !                  )
-    !                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-    !              )
-    ! lse[b, h] = max[j5 < n](
-    !                 scale
-    !                 * sum[c6 < d](
-    !                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-    !                 )
-    !             )
-    !             + log(
-    !                 sum[j6 < n](
-    !                     exp(
-    !                         scale
-    !                         * sum[c7 < d](
-    !                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-    !                         )
-    !                         - max[j7 < n](
-    !                             scale
-    !                             * sum[c8 < d](
-    !                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-    !                             )
-    !                         )
-    !                     )
-    !                 )
-    !             )
+    ! heads.partial: reads K, q, V; scratch O_part, row_max_part, row_sum_part
+    ! for b, h_tile, j_split (parallel) / c (simd), j / c (simd)
     !$omp parallel do collapse(3) schedule(static) private(c, j, quot, quot2, quot3, quot4, &
-    !$omp& row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, &
-    !$omp& row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, score_2, score_3, new_max_0, &
-    !$omp& new_max_1, new_max_2, new_max_3, exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, &
-    !$omp& rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3)
+    !$omp& row_max_part_row0, row_max_part_row1, row_max_part_row2, row_max_part_row3, &
+    !$omp& row_sum_part_row0, row_sum_part_row1, row_sum_part_row2, row_sum_part_row3, K_row0, &
+    !$omp& K_row1, K_row2, K_row3, V_row0, V_row1, V_row2, V_row3, row_max_0, row_max_1, &
+    !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
+    !$omp& qk_3, score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
+    !$omp& exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, &
+    !$omp& rescale_3, p_0, p_1, p_2, p_3)
     do b = 0, batch - 1
       do h_tile = 0, ((q_heads) / 4) - 1
         do j_split = 0, 15
+          row_max_part_row0 = 16*b*q_heads + 64*h_tile
+          row_max_part_row1 = 16*b*q_heads + 64*h_tile + 16
+          row_max_part_row2 = 16*b*q_heads + 64*h_tile + 32
+          row_max_part_row3 = 16*b*q_heads + 64*h_tile + 48
+          row_sum_part_row0 = 16*b*q_heads + 64*h_tile
+          row_sum_part_row1 = 16*b*q_heads + 64*h_tile + 16
+          row_sum_part_row2 = 16*b*q_heads + 64*h_tile + 32
+          row_sum_part_row3 = 16*b*q_heads + 64*h_tile + 48
           !$omp simd
           do c = 0, d - 1
             O_part(c + d*(16*b*q_heads + 64*h_tile + j_split)) = 0.0_c_double
@@ -113,19 +131,24 @@ contains
           quot3 = ((4*h_tile + 2) / (((q_heads) / kv_heads)))
           quot4 = ((4*h_tile + 3) / (((q_heads) / kv_heads)))
           do j = j_split*((n + 15) / 16), min(n, j_split*((n + 15) / 16) + ((n + 15) / 16)) - 1
+            K_row0 = d*(cap*(b*kv_heads + quot) + j)
+            K_row1 = d*(cap*(b*kv_heads + quot2) + j)
+            K_row2 = d*(cap*(b*kv_heads + quot3) + j)
+            K_row3 = d*(cap*(b*kv_heads + quot4) + j)
+            V_row0 = d*(cap*(b*kv_heads + quot) + j)
+            V_row1 = d*(cap*(b*kv_heads + quot2) + j)
+            V_row2 = d*(cap*(b*kv_heads + quot3) + j)
+            V_row3 = d*(cap*(b*kv_heads + quot4) + j)
             qk_0 = 0.0_c_double
             qk_1 = 0.0_c_double
             qk_2 = 0.0_c_double
             qk_3 = 0.0_c_double
             !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
             do c = 0, d - 1
-              qk_0 = qk_0 + K(c + d*(cap*(b*kv_heads + quot) + j)) * q(c + d*(b*q_heads + 4*h_tile))
-              qk_1 = qk_1 + K(c + d*(cap*(b*kv_heads + quot2) + j)) * q(c + d*(b*q_heads + &
-                  & 4*h_tile + 1))
-              qk_2 = qk_2 + K(c + d*(cap*(b*kv_heads + quot3) + j)) * q(c + d*(b*q_heads + &
-                  & 4*h_tile + 2))
-              qk_3 = qk_3 + K(c + d*(cap*(b*kv_heads + quot4) + j)) * q(c + d*(b*q_heads + &
-                  & 4*h_tile + 3))
+              qk_0 = qk_0 + K(K_row0 + c) * q(c + d*(b*q_heads + 4*h_tile))
+              qk_1 = qk_1 + K(K_row1 + c) * q(c + d*(b*q_heads + 4*h_tile + 1))
+              qk_2 = qk_2 + K(K_row2 + c) * q(c + d*(b*q_heads + 4*h_tile + 2))
+              qk_3 = qk_3 + K(K_row3 + c) * q(c + d*(b*q_heads + 4*h_tile + 3))
             end do
             score_0 = scale * qk_0
             score_1 = scale * qk_1
@@ -154,91 +177,41 @@ contains
             !$omp simd
             do c = 0, d - 1
               O_part(c + d*(16*b*q_heads + 64*h_tile + j_split)) = O_part(c + d*(16*b*q_heads + &
-                  & 64*h_tile + j_split)) * rescale_0 + p_0 * V(c + d*(cap*(b*kv_heads + quot) + j))
+                  & 64*h_tile + j_split)) * rescale_0 + p_0 * V(V_row0 + c)
               O_part(c + d*(16*b*q_heads + 64*h_tile + j_split + 16)) = O_part(c + &
-                  & d*(16*b*q_heads + 64*h_tile + j_split + 16)) * rescale_1 + p_1 * V(c + &
-                  & d*(cap*(b*kv_heads + quot2) + j))
+                  & d*(16*b*q_heads + 64*h_tile + j_split + 16)) * rescale_1 + p_1 * V(V_row1 + c)
               O_part(c + d*(16*b*q_heads + 64*h_tile + j_split + 32)) = O_part(c + &
-                  & d*(16*b*q_heads + 64*h_tile + j_split + 32)) * rescale_2 + p_2 * V(c + &
-                  & d*(cap*(b*kv_heads + quot3) + j))
+                  & d*(16*b*q_heads + 64*h_tile + j_split + 32)) * rescale_2 + p_2 * V(V_row2 + c)
               O_part(c + d*(16*b*q_heads + 64*h_tile + j_split + 48)) = O_part(c + &
-                  & d*(16*b*q_heads + 64*h_tile + j_split + 48)) * rescale_3 + p_3 * V(c + &
-                  & d*(cap*(b*kv_heads + quot4) + j))
+                  & d*(16*b*q_heads + 64*h_tile + j_split + 48)) * rescale_3 + p_3 * V(V_row3 + c)
             end do
             row_max_0 = new_max_0
             row_max_1 = new_max_1
             row_max_2 = new_max_2
             row_max_3 = new_max_3
           end do
-          row_max_part(16*b*q_heads + 64*h_tile + j_split) = row_max_0
-          row_max_part(16*b*q_heads + 64*h_tile + j_split + 16) = row_max_1
-          row_max_part(16*b*q_heads + 64*h_tile + j_split + 32) = row_max_2
-          row_max_part(16*b*q_heads + 64*h_tile + j_split + 48) = row_max_3
-          row_sum_part(16*b*q_heads + 64*h_tile + j_split) = row_sum_0
-          row_sum_part(16*b*q_heads + 64*h_tile + j_split + 16) = row_sum_1
-          row_sum_part(16*b*q_heads + 64*h_tile + j_split + 32) = row_sum_2
-          row_sum_part(16*b*q_heads + 64*h_tile + j_split + 48) = row_sum_3
+          row_max_part(row_max_part_row0 + j_split) = row_max_0
+          row_max_part(row_max_part_row1 + j_split) = row_max_1
+          row_max_part(row_max_part_row2 + j_split) = row_max_2
+          row_max_part(row_max_part_row3 + j_split) = row_max_3
+          row_sum_part(row_sum_part_row0 + j_split) = row_sum_0
+          row_sum_part(row_sum_part_row1 + j_split) = row_sum_1
+          row_sum_part(row_sum_part_row2 + j_split) = row_sum_2
+          row_sum_part(row_sum_part_row3 + j_split) = row_sum_3
         end do
       end do
     end do
     !$omp end parallel do
-    ! heads.partial.edge: from the DNF
-    ! O[b, h, c] = sum[j < n](
-    !                  exp(
-    !                      scale
-    !                      * sum[c2 < d](
-    !                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-    !                      )
-    !                      - max[j2 < n](
-    !                          scale
-    !                          * sum[c3 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-    !                          )
-    !                      )
-    !                  )
-    !                  / sum[j3 < n](
-    !                      exp(
-    !                          scale
-    !                          * sum[c4 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-    !                          )
-    !                          - max[j4 < n](
-    !                              scale
-    !                              * sum[c5 < d](
-    !                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-    !                              )
-    !                          )
-    !                      )
-    !                  )
-    !                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-    !              )
-    ! lse[b, h] = max[j5 < n](
-    !                 scale
-    !                 * sum[c6 < d](
-    !                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-    !                 )
-    !             )
-    !             + log(
-    !                 sum[j6 < n](
-    !                     exp(
-    !                         scale
-    !                         * sum[c7 < d](
-    !                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-    !                         )
-    !                         - max[j7 < n](
-    !                             scale
-    !                             * sum[c8 < d](
-    !                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-    !                             )
-    !                         )
-    !                     )
-    !                 )
-    !             )
-    !$omp parallel do collapse(3) schedule(static) private(c, j, quot5, row_max, row_sum, qk, &
-    !$omp& score, new_max, exp_gap, rescale, p)
+    ! heads.partial.edge: reads K, q, V; scratch O_part, row_max_part, row_sum_part
+    ! for b, h, j_split (parallel) / c (simd), j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j, quot5, row_max_part_row, &
+    !$omp& row_sum_part_row, K_row, V_row, row_max, row_sum, qk, score, new_max, exp_gap, &
+    !$omp& rescale, p)
     do b = 0, batch - 1
       do h = 4*((q_heads) / 4), q_heads - 1
         do j_split = 0, 15
+          row_max_part_row = 16*b*q_heads + 16*h
+          row_sum_part_row = 16*b*q_heads + 16*h
           !$omp simd
           do c = 0, d - 1
             O_part(c + d*(16*b*q_heads + 16*h + j_split)) = 0.0_c_double
@@ -247,10 +220,12 @@ contains
           row_sum = 0.0_c_double
           quot5 = ((h) / (((q_heads) / kv_heads)))
           do j = j_split*((n + 15) / 16), min(n, j_split*((n + 15) / 16) + ((n + 15) / 16)) - 1
+            K_row = d*(cap*(b*kv_heads + quot5) + j)
+            V_row = d*(cap*(b*kv_heads + quot5) + j)
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + K(c + d*(cap*(b*kv_heads + quot5) + j)) * q(c + d*(b*q_heads + h))
+              qk = qk + K(K_row + c) * q(c + d*(b*q_heads + h))
             end do
             score = scale * qk
             new_max = max(row_max, score)
@@ -261,71 +236,23 @@ contains
             !$omp simd
             do c = 0, d - 1
               O_part(c + d*(16*b*q_heads + 16*h + j_split)) = O_part(c + d*(16*b*q_heads + 16*h + &
-                  & j_split)) * rescale + p * V(c + d*(cap*(b*kv_heads + quot5) + j))
+                  & j_split)) * rescale + p * V(V_row + c)
             end do
             row_max = new_max
           end do
-          row_max_part(16*b*q_heads + 16*h + j_split) = row_max
-          row_sum_part(16*b*q_heads + 16*h + j_split) = row_sum
+          row_max_part(row_max_part_row + j_split) = row_max
+          row_sum_part(row_sum_part_row + j_split) = row_sum
         end do
       end do
     end do
     !$omp end parallel do
-    ! heads.merge: from the DNF
-    ! O[b, h, c] = sum[j < n](
-    !                  exp(
-    !                      scale
-    !                      * sum[c2 < d](
-    !                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-    !                      )
-    !                      - max[j2 < n](
-    !                          scale
-    !                          * sum[c3 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-    !                          )
-    !                      )
-    !                  )
-    !                  / sum[j3 < n](
-    !                      exp(
-    !                          scale
-    !                          * sum[c4 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-    !                          )
-    !                          - max[j4 < n](
-    !                              scale
-    !                              * sum[c5 < d](
-    !                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-    !                              )
-    !                          )
-    !                      )
-    !                  )
-    !                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-    !              )
-    ! lse[b, h] = max[j5 < n](
-    !                 scale
-    !                 * sum[c6 < d](
-    !                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-    !                 )
-    !             )
-    !             + log(
-    !                 sum[j6 < n](
-    !                     exp(
-    !                         scale
-    !                         * sum[c7 < d](
-    !                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-    !                         )
-    !                         - max[j7 < n](
-    !                             scale
-    !                             * sum[c8 < d](
-    !                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-    !                             )
-    !                         )
-    !                     )
-    !                 )
-    !             )
-    !$omp parallel do collapse(2) schedule(static) private(j_split, c, row_max, row_sum, acc)
+    ! heads.merge: writes O, lse; scratch row_max_part, row_sum_part, O_part
+    ! for b, h (parallel) / j_split (simd), c, c (simd) / j_split (simd)
+    !$omp parallel do collapse(2) schedule(static) private(j_split, c, row_sum_part_row, row_max, &
+    !$omp& row_sum, acc)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
+        row_sum_part_row = 16*b*q_heads + 16*h
         row_max = neg_inf
         !$omp simd reduction(max:row_max)
         do j_split = 0, 15
@@ -334,7 +261,7 @@ contains
         row_sum = 0.0_c_double
         !$omp simd reduction(+:row_sum)
         do j_split = 0, 15
-          row_sum = row_sum + row_sum_part(16*b*q_heads + 16*h + j_split) * &
+          row_sum = row_sum + row_sum_part(row_sum_part_row + j_split) * &
               & exp(row_max_part(16*b*q_heads + 16*h + j_split) - row_max)
         end do
         do c = 0, d - 1
@@ -369,7 +296,11 @@ contains
     real(c_float), intent(out) :: row_max_part(0:batch * q_heads * 16 - 1)
     real(c_float), intent(out) :: row_sum_part(0:batch * q_heads * 16 - 1)
     real(c_float), intent(out) :: O_part(0:batch * q_heads * 16 * d - 1)
-    integer(c_int64_t) :: b, h_tile, j_split, c, j, h, quot, quot2, quot3, quot4, quot5
+    integer(c_int64_t) :: b, h_tile, j_split, c, j, h, quot, quot2, quot3, quot4, quot5, &
+        & row_max_part_row0, row_max_part_row1, row_max_part_row2, row_max_part_row3, &
+        & row_sum_part_row0, row_sum_part_row1, row_sum_part_row2, row_sum_part_row3, K_row0, &
+        & K_row1, K_row2, K_row3, V_row0, V_row1, V_row2, V_row3, row_max_part_row, &
+        & row_sum_part_row, K_row, V_row
     real(c_float) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, &
         & row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, score_2, score_3, new_max_0, &
         & new_max_1, new_max_2, new_max_3, exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, &
@@ -379,66 +310,27 @@ contains
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
 
-    ! heads.partial: from the DNF
-    ! O[b, h, c] = sum[j < n](
-    !                  exp(
-    !                      scale
-    !                      * sum[c2 < d](
-    !                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-    !                      )
-    !                      - max[j2 < n](
-    !                          scale
-    !                          * sum[c3 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-    !                          )
-    !                      )
-    !                  )
-    !                  / sum[j3 < n](
-    !                      exp(
-    !                          scale
-    !                          * sum[c4 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-    !                          )
-    !                          - max[j4 < n](
-    !                              scale
-    !                              * sum[c5 < d](
-    !                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-    !                              )
-    !                          )
-    !                      )
-    !                  )
-    !                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-    !              )
-    ! lse[b, h] = max[j5 < n](
-    !                 scale
-    !                 * sum[c6 < d](
-    !                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-    !                 )
-    !             )
-    !             + log(
-    !                 sum[j6 < n](
-    !                     exp(
-    !                         scale
-    !                         * sum[c7 < d](
-    !                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-    !                         )
-    !                         - max[j7 < n](
-    !                             scale
-    !                             * sum[c8 < d](
-    !                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-    !                             )
-    !                         )
-    !                     )
-    !                 )
-    !             )
+    ! heads.partial: reads K, q, V; scratch O_part, row_max_part, row_sum_part
+    ! for b, h_tile, j_split (parallel) / c (simd), j / c (simd)
     !$omp parallel do collapse(3) schedule(static) private(c, j, quot, quot2, quot3, quot4, &
-    !$omp& row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, &
-    !$omp& row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, score_2, score_3, new_max_0, &
-    !$omp& new_max_1, new_max_2, new_max_3, exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, &
-    !$omp& rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3)
+    !$omp& row_max_part_row0, row_max_part_row1, row_max_part_row2, row_max_part_row3, &
+    !$omp& row_sum_part_row0, row_sum_part_row1, row_sum_part_row2, row_sum_part_row3, K_row0, &
+    !$omp& K_row1, K_row2, K_row3, V_row0, V_row1, V_row2, V_row3, row_max_0, row_max_1, &
+    !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
+    !$omp& qk_3, score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
+    !$omp& exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, &
+    !$omp& rescale_3, p_0, p_1, p_2, p_3)
     do b = 0, batch - 1
       do h_tile = 0, ((q_heads) / 4) - 1
         do j_split = 0, 15
+          row_max_part_row0 = 16*b*q_heads + 64*h_tile
+          row_max_part_row1 = 16*b*q_heads + 64*h_tile + 16
+          row_max_part_row2 = 16*b*q_heads + 64*h_tile + 32
+          row_max_part_row3 = 16*b*q_heads + 64*h_tile + 48
+          row_sum_part_row0 = 16*b*q_heads + 64*h_tile
+          row_sum_part_row1 = 16*b*q_heads + 64*h_tile + 16
+          row_sum_part_row2 = 16*b*q_heads + 64*h_tile + 32
+          row_sum_part_row3 = 16*b*q_heads + 64*h_tile + 48
           !$omp simd
           do c = 0, d - 1
             O_part(c + d*(16*b*q_heads + 64*h_tile + j_split)) = 0.0_c_float
@@ -459,19 +351,24 @@ contains
           quot3 = ((4*h_tile + 2) / (((q_heads) / kv_heads)))
           quot4 = ((4*h_tile + 3) / (((q_heads) / kv_heads)))
           do j = j_split*((n + 15) / 16), min(n, j_split*((n + 15) / 16) + ((n + 15) / 16)) - 1
+            K_row0 = d*(cap*(b*kv_heads + quot) + j)
+            K_row1 = d*(cap*(b*kv_heads + quot2) + j)
+            K_row2 = d*(cap*(b*kv_heads + quot3) + j)
+            K_row3 = d*(cap*(b*kv_heads + quot4) + j)
+            V_row0 = d*(cap*(b*kv_heads + quot) + j)
+            V_row1 = d*(cap*(b*kv_heads + quot2) + j)
+            V_row2 = d*(cap*(b*kv_heads + quot3) + j)
+            V_row3 = d*(cap*(b*kv_heads + quot4) + j)
             qk_0 = 0.0_c_float
             qk_1 = 0.0_c_float
             qk_2 = 0.0_c_float
             qk_3 = 0.0_c_float
             !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
             do c = 0, d - 1
-              qk_0 = qk_0 + K(c + d*(cap*(b*kv_heads + quot) + j)) * q(c + d*(b*q_heads + 4*h_tile))
-              qk_1 = qk_1 + K(c + d*(cap*(b*kv_heads + quot2) + j)) * q(c + d*(b*q_heads + &
-                  & 4*h_tile + 1))
-              qk_2 = qk_2 + K(c + d*(cap*(b*kv_heads + quot3) + j)) * q(c + d*(b*q_heads + &
-                  & 4*h_tile + 2))
-              qk_3 = qk_3 + K(c + d*(cap*(b*kv_heads + quot4) + j)) * q(c + d*(b*q_heads + &
-                  & 4*h_tile + 3))
+              qk_0 = qk_0 + K(K_row0 + c) * q(c + d*(b*q_heads + 4*h_tile))
+              qk_1 = qk_1 + K(K_row1 + c) * q(c + d*(b*q_heads + 4*h_tile + 1))
+              qk_2 = qk_2 + K(K_row2 + c) * q(c + d*(b*q_heads + 4*h_tile + 2))
+              qk_3 = qk_3 + K(K_row3 + c) * q(c + d*(b*q_heads + 4*h_tile + 3))
             end do
             score_0 = scale * qk_0
             score_1 = scale * qk_1
@@ -500,91 +397,41 @@ contains
             !$omp simd
             do c = 0, d - 1
               O_part(c + d*(16*b*q_heads + 64*h_tile + j_split)) = O_part(c + d*(16*b*q_heads + &
-                  & 64*h_tile + j_split)) * rescale_0 + p_0 * V(c + d*(cap*(b*kv_heads + quot) + j))
+                  & 64*h_tile + j_split)) * rescale_0 + p_0 * V(V_row0 + c)
               O_part(c + d*(16*b*q_heads + 64*h_tile + j_split + 16)) = O_part(c + &
-                  & d*(16*b*q_heads + 64*h_tile + j_split + 16)) * rescale_1 + p_1 * V(c + &
-                  & d*(cap*(b*kv_heads + quot2) + j))
+                  & d*(16*b*q_heads + 64*h_tile + j_split + 16)) * rescale_1 + p_1 * V(V_row1 + c)
               O_part(c + d*(16*b*q_heads + 64*h_tile + j_split + 32)) = O_part(c + &
-                  & d*(16*b*q_heads + 64*h_tile + j_split + 32)) * rescale_2 + p_2 * V(c + &
-                  & d*(cap*(b*kv_heads + quot3) + j))
+                  & d*(16*b*q_heads + 64*h_tile + j_split + 32)) * rescale_2 + p_2 * V(V_row2 + c)
               O_part(c + d*(16*b*q_heads + 64*h_tile + j_split + 48)) = O_part(c + &
-                  & d*(16*b*q_heads + 64*h_tile + j_split + 48)) * rescale_3 + p_3 * V(c + &
-                  & d*(cap*(b*kv_heads + quot4) + j))
+                  & d*(16*b*q_heads + 64*h_tile + j_split + 48)) * rescale_3 + p_3 * V(V_row3 + c)
             end do
             row_max_0 = new_max_0
             row_max_1 = new_max_1
             row_max_2 = new_max_2
             row_max_3 = new_max_3
           end do
-          row_max_part(16*b*q_heads + 64*h_tile + j_split) = row_max_0
-          row_max_part(16*b*q_heads + 64*h_tile + j_split + 16) = row_max_1
-          row_max_part(16*b*q_heads + 64*h_tile + j_split + 32) = row_max_2
-          row_max_part(16*b*q_heads + 64*h_tile + j_split + 48) = row_max_3
-          row_sum_part(16*b*q_heads + 64*h_tile + j_split) = row_sum_0
-          row_sum_part(16*b*q_heads + 64*h_tile + j_split + 16) = row_sum_1
-          row_sum_part(16*b*q_heads + 64*h_tile + j_split + 32) = row_sum_2
-          row_sum_part(16*b*q_heads + 64*h_tile + j_split + 48) = row_sum_3
+          row_max_part(row_max_part_row0 + j_split) = row_max_0
+          row_max_part(row_max_part_row1 + j_split) = row_max_1
+          row_max_part(row_max_part_row2 + j_split) = row_max_2
+          row_max_part(row_max_part_row3 + j_split) = row_max_3
+          row_sum_part(row_sum_part_row0 + j_split) = row_sum_0
+          row_sum_part(row_sum_part_row1 + j_split) = row_sum_1
+          row_sum_part(row_sum_part_row2 + j_split) = row_sum_2
+          row_sum_part(row_sum_part_row3 + j_split) = row_sum_3
         end do
       end do
     end do
     !$omp end parallel do
-    ! heads.partial.edge: from the DNF
-    ! O[b, h, c] = sum[j < n](
-    !                  exp(
-    !                      scale
-    !                      * sum[c2 < d](
-    !                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-    !                      )
-    !                      - max[j2 < n](
-    !                          scale
-    !                          * sum[c3 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-    !                          )
-    !                      )
-    !                  )
-    !                  / sum[j3 < n](
-    !                      exp(
-    !                          scale
-    !                          * sum[c4 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-    !                          )
-    !                          - max[j4 < n](
-    !                              scale
-    !                              * sum[c5 < d](
-    !                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-    !                              )
-    !                          )
-    !                      )
-    !                  )
-    !                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-    !              )
-    ! lse[b, h] = max[j5 < n](
-    !                 scale
-    !                 * sum[c6 < d](
-    !                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-    !                 )
-    !             )
-    !             + log(
-    !                 sum[j6 < n](
-    !                     exp(
-    !                         scale
-    !                         * sum[c7 < d](
-    !                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-    !                         )
-    !                         - max[j7 < n](
-    !                             scale
-    !                             * sum[c8 < d](
-    !                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-    !                             )
-    !                         )
-    !                     )
-    !                 )
-    !             )
-    !$omp parallel do collapse(3) schedule(static) private(c, j, quot5, row_max, row_sum, qk, &
-    !$omp& score, new_max, exp_gap, rescale, p)
+    ! heads.partial.edge: reads K, q, V; scratch O_part, row_max_part, row_sum_part
+    ! for b, h, j_split (parallel) / c (simd), j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j, quot5, row_max_part_row, &
+    !$omp& row_sum_part_row, K_row, V_row, row_max, row_sum, qk, score, new_max, exp_gap, &
+    !$omp& rescale, p)
     do b = 0, batch - 1
       do h = 4*((q_heads) / 4), q_heads - 1
         do j_split = 0, 15
+          row_max_part_row = 16*b*q_heads + 16*h
+          row_sum_part_row = 16*b*q_heads + 16*h
           !$omp simd
           do c = 0, d - 1
             O_part(c + d*(16*b*q_heads + 16*h + j_split)) = 0.0_c_float
@@ -593,10 +440,12 @@ contains
           row_sum = 0.0_c_float
           quot5 = ((h) / (((q_heads) / kv_heads)))
           do j = j_split*((n + 15) / 16), min(n, j_split*((n + 15) / 16) + ((n + 15) / 16)) - 1
+            K_row = d*(cap*(b*kv_heads + quot5) + j)
+            V_row = d*(cap*(b*kv_heads + quot5) + j)
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + K(c + d*(cap*(b*kv_heads + quot5) + j)) * q(c + d*(b*q_heads + h))
+              qk = qk + K(K_row + c) * q(c + d*(b*q_heads + h))
             end do
             score = scale * qk
             new_max = max(row_max, score)
@@ -607,71 +456,23 @@ contains
             !$omp simd
             do c = 0, d - 1
               O_part(c + d*(16*b*q_heads + 16*h + j_split)) = O_part(c + d*(16*b*q_heads + 16*h + &
-                  & j_split)) * rescale + p * V(c + d*(cap*(b*kv_heads + quot5) + j))
+                  & j_split)) * rescale + p * V(V_row + c)
             end do
             row_max = new_max
           end do
-          row_max_part(16*b*q_heads + 16*h + j_split) = row_max
-          row_sum_part(16*b*q_heads + 16*h + j_split) = row_sum
+          row_max_part(row_max_part_row + j_split) = row_max
+          row_sum_part(row_sum_part_row + j_split) = row_sum
         end do
       end do
     end do
     !$omp end parallel do
-    ! heads.merge: from the DNF
-    ! O[b, h, c] = sum[j < n](
-    !                  exp(
-    !                      scale
-    !                      * sum[c2 < d](
-    !                          (<b idiv(h, idiv(q_heads, kv_heads)) j c2> psi K) * (<b h c2> psi q)
-    !                      )
-    !                      - max[j2 < n](
-    !                          scale
-    !                          * sum[c3 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j2 c3> psi K) * (<b h c3> psi q)
-    !                          )
-    !                      )
-    !                  )
-    !                  / sum[j3 < n](
-    !                      exp(
-    !                          scale
-    !                          * sum[c4 < d](
-    !                              (<b idiv(h, idiv(q_heads, kv_heads)) j3 c4> psi K) * (<b h c4> psi q)
-    !                          )
-    !                          - max[j4 < n](
-    !                              scale
-    !                              * sum[c5 < d](
-    !                                  (<b idiv(h, idiv(q_heads, kv_heads)) j4 c5> psi K) * (<b h c5> psi q)
-    !                              )
-    !                          )
-    !                      )
-    !                  )
-    !                  * (<b idiv(h, idiv(q_heads, kv_heads)) j c> psi V)
-    !              )
-    ! lse[b, h] = max[j5 < n](
-    !                 scale
-    !                 * sum[c6 < d](
-    !                     (<b idiv(h, idiv(q_heads, kv_heads)) j5 c6> psi K) * (<b h c6> psi q)
-    !                 )
-    !             )
-    !             + log(
-    !                 sum[j6 < n](
-    !                     exp(
-    !                         scale
-    !                         * sum[c7 < d](
-    !                             (<b idiv(h, idiv(q_heads, kv_heads)) j6 c7> psi K) * (<b h c7> psi q)
-    !                         )
-    !                         - max[j7 < n](
-    !                             scale
-    !                             * sum[c8 < d](
-    !                                 (<b idiv(h, idiv(q_heads, kv_heads)) j7 c8> psi K) * (<b h c8> psi q)
-    !                             )
-    !                         )
-    !                     )
-    !                 )
-    !             )
-    !$omp parallel do collapse(2) schedule(static) private(j_split, c, row_max, row_sum, acc)
+    ! heads.merge: writes O, lse; scratch row_max_part, row_sum_part, O_part
+    ! for b, h (parallel) / j_split (simd), c, c (simd) / j_split (simd)
+    !$omp parallel do collapse(2) schedule(static) private(j_split, c, row_sum_part_row, row_max, &
+    !$omp& row_sum, acc)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
+        row_sum_part_row = 16*b*q_heads + 16*h
         row_max = neg_inf
         !$omp simd reduction(max:row_max)
         do j_split = 0, 15
@@ -680,7 +481,7 @@ contains
         row_sum = 0.0_c_float
         !$omp simd reduction(+:row_sum)
         do j_split = 0, 15
-          row_sum = row_sum + row_sum_part(16*b*q_heads + 16*h + j_split) * &
+          row_sum = row_sum + row_sum_part(row_sum_part_row + j_split) * &
               & exp(row_max_part(16*b*q_heads + 16*h + j_split) - row_max)
         end do
         do c = 0, d - 1

@@ -4,6 +4,27 @@
  * Schedule: hoist(); parallel(b, h, i); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c attention_fwd_causal --variant naive
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * scores[b, h, i, j] = (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
+ * probs[b, h, i, j] = exp((<b h i j> psi scores) - max[j2 < n]((<b h i j2> psi scores)))
+ *                     / sum[j3 < n](
+ *                         exp(
+ *                             (<b h i j3> psi scores)
+ *                             - max[j4 < n]((<b h i j4> psi scores))
+ *                         )
+ *                     )
+ * O[b, h, i, c] = sum[j < n]((<b h i j> psi probs) * (<b h j c> psi V))
+ * lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
+ *                + log(
+ *                    sum[j6 < n](
+ *                        exp(
+ *                            (<b h i j6> psi scores)
+ *                            - max[j7 < n]((<b h i j7> psi scores))
+ *                        )
+ *                    )
+ *                )
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -33,37 +54,34 @@ void attention_fwd_causal_naive_f64(
     double scale
 )
 {
-    /* scores: from the DNF
-     * scores[b, h, i, j] = (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
+    /* scores: reads Q, K; scratch scores
+     * for b, h, i (parallel) / j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t scores_row = n*(i + n*(b*heads + h));
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t K_row = d*(j + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                     }
-                    scores[j + n*(i + n*(b*heads + h))] = (i >= j ? scale * qk : -INFINITY);
+                    scores[scores_row + j] = (i >= j ? scale * qk : -INFINITY);
                 }
             }
         }
     }
-    /* probs: from the DNF
-     * probs[b, h, i, j] = exp((<b h i j> psi scores) - max[j2 < n]((<b h i j2> psi scores)))
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             (<b h i j3> psi scores)
-     *                             - max[j4 < n]((<b h i j4> psi scores))
-     *                         )
-     *                     )
+    /* probs: scratch probs, scores
+     * for b, h, i (parallel) / j (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t probs_row = n*(i + n*(b*heads + h));
                 double row_max = -INFINITY;
                 #pragma omp simd reduction(max:row_max)
                 for (int64_t j = 0; j < n; ++j) {
@@ -76,39 +94,32 @@ void attention_fwd_causal_naive_f64(
                 }
                 #pragma omp simd
                 for (int64_t j = 0; j < n; ++j) {
-                    probs[j + n*(i + n*(b*heads + h))] = exp(scores[j + n*(i + n*(b*heads + h))] - row_max) / row_sum;
+                    probs[probs_row + j] = exp(scores[j + n*(i + n*(b*heads + h))] - row_max) / row_sum;
                 }
             }
         }
     }
-    /* O: from the DNF
-     * O[b, h, i, c] = sum[j < n]((<b h i j> psi probs) * (<b h j c> psi V))
+    /* O: writes O; reads V; scratch probs
+     * for b, h, i (parallel) / c / j (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t O_row = d*(i + n*(b*heads + h));
                 for (int64_t c = 0; c < d; ++c) {
                     double acc = 0.0;
                     #pragma omp simd reduction(+:acc)
                     for (int64_t j = 0; j < n; ++j) {
                         acc += probs[j + n*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
-                    O[c + d*(i + n*(b*heads + h))] = acc;
+                    O[O_row + c] = acc;
                 }
             }
         }
     }
-    /* lse: from the DNF
-     * lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            (<b h i j6> psi scores)
-     *                            - max[j7 < n]((<b h i j7> psi scores))
-     *                        )
-     *                    )
-     *                )
+    /* lse: writes lse; scratch scores
+     * for b, h, i (parallel) / j (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -145,37 +156,34 @@ void attention_fwd_causal_naive_f32(
     float scale
 )
 {
-    /* scores: from the DNF
-     * scores[b, h, i, j] = (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
+    /* scores: reads Q, K; scratch scores
+     * for b, h, i (parallel) / j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t scores_row = n*(i + n*(b*heads + h));
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t K_row = d*(j + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                     }
-                    scores[j + n*(i + n*(b*heads + h))] = (i >= j ? scale * qk : -INFINITY);
+                    scores[scores_row + j] = (i >= j ? scale * qk : -INFINITY);
                 }
             }
         }
     }
-    /* probs: from the DNF
-     * probs[b, h, i, j] = exp((<b h i j> psi scores) - max[j2 < n]((<b h i j2> psi scores)))
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             (<b h i j3> psi scores)
-     *                             - max[j4 < n]((<b h i j4> psi scores))
-     *                         )
-     *                     )
+    /* probs: scratch probs, scores
+     * for b, h, i (parallel) / j (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t probs_row = n*(i + n*(b*heads + h));
                 float row_max = -INFINITY;
                 #pragma omp simd reduction(max:row_max)
                 for (int64_t j = 0; j < n; ++j) {
@@ -188,39 +196,32 @@ void attention_fwd_causal_naive_f32(
                 }
                 #pragma omp simd
                 for (int64_t j = 0; j < n; ++j) {
-                    probs[j + n*(i + n*(b*heads + h))] = expf(scores[j + n*(i + n*(b*heads + h))] - row_max) / row_sum;
+                    probs[probs_row + j] = expf(scores[j + n*(i + n*(b*heads + h))] - row_max) / row_sum;
                 }
             }
         }
     }
-    /* O: from the DNF
-     * O[b, h, i, c] = sum[j < n]((<b h i j> psi probs) * (<b h j c> psi V))
+    /* O: writes O; reads V; scratch probs
+     * for b, h, i (parallel) / c / j (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t O_row = d*(i + n*(b*heads + h));
                 for (int64_t c = 0; c < d; ++c) {
                     float acc = 0.0f;
                     #pragma omp simd reduction(+:acc)
                     for (int64_t j = 0; j < n; ++j) {
                         acc += probs[j + n*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
-                    O[c + d*(i + n*(b*heads + h))] = acc;
+                    O[O_row + c] = acc;
                 }
             }
         }
     }
-    /* lse: from the DNF
-     * lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            (<b h i j6> psi scores)
-     *                            - max[j7 < n]((<b h i j7> psi scores))
-     *                        )
-     *                    )
-     *                )
+    /* lse: writes lse; scratch scores
+     * for b, h, i (parallel) / j (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {

@@ -2,6 +2,26 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: hoist(); parallel(b, h, i); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran attention_fwd_causal --variant naive
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! scores[b, h, i, j] = (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
+! probs[b, h, i, j] = exp((<b h i j> psi scores) - max[j2 < n]((<b h i j2> psi scores)))
+!                     / sum[j3 < n](
+!                         exp(
+!                             (<b h i j3> psi scores)
+!                             - max[j4 < n]((<b h i j4> psi scores))
+!                         )
+!                     )
+! O[b, h, i, c] = sum[j < n]((<b h i j> psi probs) * (<b h j c> psi V))
+! lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
+!                + log(
+!                    sum[j6 < n](
+!                        exp(
+!                            (<b h i j6> psi scores)
+!                            - max[j7 < n]((<b h i j7> psi scores))
+!                        )
+!                    )
+!                )
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_negative_inf
@@ -22,42 +42,39 @@ contains
     real(c_double), intent(out) :: lse(0:batch * heads * n - 1)
     real(c_double), intent(out) :: scores(0:batch * heads * n * n - 1)
     real(c_double), intent(out) :: probs(0:batch * heads * n * n - 1)
-    integer(c_int64_t) :: b, h, i, j, c
+    integer(c_int64_t) :: b, h, i, j, c, scores_row, K_row, probs_row, O_row
     real(c_double) :: qk, row_max, row_sum, acc, row_max2, row_sum2
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
 
-    ! scores: from the DNF
-    ! scores[b, h, i, j] = (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
-    !$omp parallel do collapse(3) schedule(static) private(j, c, qk)
+    ! scores: reads Q, K; scratch scores
+    ! for b, h, i (parallel) / j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(j, c, scores_row, K_row, qk)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          scores_row = n*(i + n*(b*heads + h))
           do j = 0, n - 1
+            K_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
             end do
-            scores(j + n*(i + n*(b*heads + h))) = merge(scale * qk, neg_inf, i >= j)
+            scores(scores_row + j) = merge(scale * qk, neg_inf, i >= j)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! probs: from the DNF
-    ! probs[b, h, i, j] = exp((<b h i j> psi scores) - max[j2 < n]((<b h i j2> psi scores)))
-    !                     / sum[j3 < n](
-    !                         exp(
-    !                             (<b h i j3> psi scores)
-    !                             - max[j4 < n]((<b h i j4> psi scores))
-    !                         )
-    !                     )
-    !$omp parallel do collapse(3) schedule(static) private(j, row_max, row_sum)
+    ! probs: scratch probs, scores
+    ! for b, h, i (parallel) / j (simd)
+    !$omp parallel do collapse(3) schedule(static) private(j, probs_row, row_max, row_sum)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          probs_row = n*(i + n*(b*heads + h))
           row_max = neg_inf
           !$omp simd reduction(max:row_max)
           do j = 0, n - 1
@@ -70,41 +87,33 @@ contains
           end do
           !$omp simd
           do j = 0, n - 1
-            probs(j + n*(i + n*(b*heads + h))) = exp(scores(j + n*(i + n*(b*heads + h))) - &
-                & row_max) / row_sum
+            probs(probs_row + j) = exp(scores(j + n*(i + n*(b*heads + h))) - row_max) / row_sum
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! O: from the DNF
-    ! O[b, h, i, c] = sum[j < n]((<b h i j> psi probs) * (<b h j c> psi V))
-    !$omp parallel do collapse(3) schedule(static) private(c, j, acc)
+    ! O: writes O; reads V; scratch probs
+    ! for b, h, i (parallel) / c / j (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j, O_row, acc)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          O_row = d*(i + n*(b*heads + h))
           do c = 0, d - 1
             acc = 0.0_c_double
             !$omp simd reduction(+:acc)
             do j = 0, n - 1
               acc = acc + probs(j + n*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
-            O(c + d*(i + n*(b*heads + h))) = acc
+            O(O_row + c) = acc
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! lse: from the DNF
-    ! lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
-    !                + log(
-    !                    sum[j6 < n](
-    !                        exp(
-    !                            (<b h i j6> psi scores)
-    !                            - max[j7 < n]((<b h i j7> psi scores))
-    !                        )
-    !                    )
-    !                )
+    ! lse: writes lse; scratch scores
+    ! for b, h, i (parallel) / j (simd)
     !$omp parallel do collapse(3) schedule(static) private(j, row_max2, row_sum2)
     do b = 0, batch - 1
       do h = 0, heads - 1
@@ -138,42 +147,39 @@ contains
     real(c_float), intent(out) :: lse(0:batch * heads * n - 1)
     real(c_float), intent(out) :: scores(0:batch * heads * n * n - 1)
     real(c_float), intent(out) :: probs(0:batch * heads * n * n - 1)
-    integer(c_int64_t) :: b, h, i, j, c
+    integer(c_int64_t) :: b, h, i, j, c, scores_row, K_row, probs_row, O_row
     real(c_float) :: qk, row_max, row_sum, acc, row_max2, row_sum2
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
 
-    ! scores: from the DNF
-    ! scores[b, h, i, j] = (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
-    !$omp parallel do collapse(3) schedule(static) private(j, c, qk)
+    ! scores: reads Q, K; scratch scores
+    ! for b, h, i (parallel) / j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(j, c, scores_row, K_row, qk)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          scores_row = n*(i + n*(b*heads + h))
           do j = 0, n - 1
+            K_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
             end do
-            scores(j + n*(i + n*(b*heads + h))) = merge(scale * qk, neg_inf, i >= j)
+            scores(scores_row + j) = merge(scale * qk, neg_inf, i >= j)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! probs: from the DNF
-    ! probs[b, h, i, j] = exp((<b h i j> psi scores) - max[j2 < n]((<b h i j2> psi scores)))
-    !                     / sum[j3 < n](
-    !                         exp(
-    !                             (<b h i j3> psi scores)
-    !                             - max[j4 < n]((<b h i j4> psi scores))
-    !                         )
-    !                     )
-    !$omp parallel do collapse(3) schedule(static) private(j, row_max, row_sum)
+    ! probs: scratch probs, scores
+    ! for b, h, i (parallel) / j (simd)
+    !$omp parallel do collapse(3) schedule(static) private(j, probs_row, row_max, row_sum)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          probs_row = n*(i + n*(b*heads + h))
           row_max = neg_inf
           !$omp simd reduction(max:row_max)
           do j = 0, n - 1
@@ -186,41 +192,33 @@ contains
           end do
           !$omp simd
           do j = 0, n - 1
-            probs(j + n*(i + n*(b*heads + h))) = exp(scores(j + n*(i + n*(b*heads + h))) - &
-                & row_max) / row_sum
+            probs(probs_row + j) = exp(scores(j + n*(i + n*(b*heads + h))) - row_max) / row_sum
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! O: from the DNF
-    ! O[b, h, i, c] = sum[j < n]((<b h i j> psi probs) * (<b h j c> psi V))
-    !$omp parallel do collapse(3) schedule(static) private(c, j, acc)
+    ! O: writes O; reads V; scratch probs
+    ! for b, h, i (parallel) / c / j (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j, O_row, acc)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          O_row = d*(i + n*(b*heads + h))
           do c = 0, d - 1
             acc = 0.0_c_float
             !$omp simd reduction(+:acc)
             do j = 0, n - 1
               acc = acc + probs(j + n*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
-            O(c + d*(i + n*(b*heads + h))) = acc
+            O(O_row + c) = acc
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! lse: from the DNF
-    ! lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
-    !                + log(
-    !                    sum[j6 < n](
-    !                        exp(
-    !                            (<b h i j6> psi scores)
-    !                            - max[j7 < n]((<b h i j7> psi scores))
-    !                        )
-    !                    )
-    !                )
+    ! lse: writes lse; scratch scores
+    ! for b, h, i (parallel) / j (simd)
     !$omp parallel do collapse(3) schedule(static) private(j, row_max2, row_sum2)
     do b = 0, batch - 1
       do h = 0, heads - 1

@@ -4,11 +4,7 @@
  * Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h, i)); hoist(); online_softmax(rows, block=64); unroll_sum(rows, j, 4); lower_reductions(); unroll_jam(rows, i, 4); gpu_threads(b, h, i_tile, 128 a block, nest=rows); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda attention_fwd_causal --variant online
  */
-#include <math.h>
-#include <stdint.h>
-#include <cuda_runtime.h>
-
-/* rows: from the DNF
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
  * O[b, h, i, c] = sum[j < n](
  *                     exp(
  *                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
@@ -39,6 +35,14 @@
  *                        )
  *                    )
  *                )
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+/* rows: writes O, lse; reads Q, K, V; scratch probs
+ * for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void attention_fwd_causal_online_f64_rows(
     const double *__restrict__ Q,
@@ -75,15 +79,16 @@ __global__ void attention_fwd_causal_online_f64_rows(
     double row_sum_3 = 0.0;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(j + n*(b*heads + h));
             double qk_0 = 0.0;
             double qk_1 = 0.0;
             double qk_2 = 0.0;
             double qk_3 = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                qk_0 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
-                qk_1 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[c + d*(j + n*(b*heads + h))];
-                qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[c + d*(j + n*(b*heads + h))];
-                qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[c + d*(j + n*(b*heads + h))];
+                qk_0 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
+                qk_1 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
             probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
             probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
@@ -135,6 +140,10 @@ __global__ void attention_fwd_causal_online_f64_rows(
             O[c + d*(4*i_tile + n*(b*heads + h) + 3)] = O[c + d*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t V_row0 = d*(4*j_tile + n*(b*heads + h));
+            const int64_t V_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t V_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t V_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
             const double t_0_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const double t_0_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
             const double t_0_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
@@ -152,22 +161,23 @@ __global__ void attention_fwd_causal_online_f64_rows(
             const double t_3_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
             const double t_3_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c] + t_2_0 * V[V_row2 + c] + t_3_0 * V[V_row3 + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c] + t_2_1 * V[V_row2 + c] + t_3_1 * V[V_row3 + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c] + t_2_2 * V[V_row2 + c] + t_3_2 * V[V_row3 + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c] + t_2_3 * V[V_row2 + c] + t_3_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const double t_02 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t_12 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const double t_22 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const double t_32 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const int64_t V_row = d*(j + n*(b*heads + h));
+            const double t_0b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t_1b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            const double t_2b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            const double t_3b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(4*i_tile + n*(b*heads + h))] += t_02 * V[c + d*(j + n*(b*heads + h))];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_12 * V[c + d*(j + n*(b*heads + h))];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_22 * V[c + d*(j + n*(b*heads + h))];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_32 * V[c + d*(j + n*(b*heads + h))];
+                O[c + d*(4*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_2b * V[V_row + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_3b * V[V_row + c];
             }
         }
         row_max_0 = new_max_0;
@@ -187,37 +197,8 @@ __global__ void attention_fwd_causal_online_f64_rows(
     lse[4*i_tile + n*(b*heads + h) + 3] = row_max_3 + log(row_sum_3);
 }
 
-/* rows.edge: from the DNF
- * O[b, h, i, c] = sum[j < n](
- *                     exp(
- *                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
- *                         - max[j2 < n](
- *                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K)) if i >= j2 else -inf)
- *                         )
- *                     )
- *                     / sum[j3 < n](
- *                         exp(
- *                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K)) if i >= j3 else -inf)
- *                             - max[j4 < n](
- *                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K)) if i >= j4 else -inf)
- *                             )
- *                         )
- *                     )
- *                     * (<b h j c> psi V)
- *                 )
- * lse[b, h, i] = max[j5 < n](
- *                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K)) if i >= j5 else -inf)
- *                )
- *                + log(
- *                    sum[j6 < n](
- *                        exp(
- *                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K)) if i >= j6 else -inf)
- *                            - max[j7 < n](
- *                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K)) if i >= j7 else -inf)
- *                            )
- *                        )
- *                    )
- *                )
+/* rows.edge: writes O, lse; reads Q, K, V; scratch probs
+ * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void attention_fwd_causal_online_f64_rows_edge(
     const double *__restrict__ Q,
@@ -245,9 +226,10 @@ __global__ void attention_fwd_causal_online_f64_rows_edge(
     double row_sum = 0.0;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(j + n*(b*heads + h));
             double qk = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
             probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? scale * qk : -INFINITY);
         }
@@ -269,18 +251,23 @@ __global__ void attention_fwd_causal_online_f64_rows_edge(
             O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t V_row0 = d*(4*j_tile + n*(b*heads + h));
+            const int64_t V_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t V_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t V_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
             const double t_0 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const double t_1 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
             const double t_2 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
             const double t_3 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(i + n*(b*heads + h))] += t_0 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                O[c + d*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c] + t_2 * V[V_row2 + c] + t_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t V_row = d*(j + n*(b*heads + h));
             const double t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+                O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
             }
         }
         row_max = new_max;
@@ -307,16 +294,15 @@ extern "C" int attention_fwd_causal_online_f64(
     double scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*((n) / 4);
+        const int64_t count = batch*heads*((n) / 4), threads = 128;
         attention_fwd_causal_online_f64_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*(n - 4*((n) / 4));
+        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         attention_fwd_causal_online_f64_rows_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
@@ -325,37 +311,8 @@ extern "C" int attention_fwd_causal_online_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* rows: from the DNF
- * O[b, h, i, c] = sum[j < n](
- *                     exp(
- *                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
- *                         - max[j2 < n](
- *                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K)) if i >= j2 else -inf)
- *                         )
- *                     )
- *                     / sum[j3 < n](
- *                         exp(
- *                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K)) if i >= j3 else -inf)
- *                             - max[j4 < n](
- *                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K)) if i >= j4 else -inf)
- *                             )
- *                         )
- *                     )
- *                     * (<b h j c> psi V)
- *                 )
- * lse[b, h, i] = max[j5 < n](
- *                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K)) if i >= j5 else -inf)
- *                )
- *                + log(
- *                    sum[j6 < n](
- *                        exp(
- *                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K)) if i >= j6 else -inf)
- *                            - max[j7 < n](
- *                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K)) if i >= j7 else -inf)
- *                            )
- *                        )
- *                    )
- *                )
+/* rows: writes O, lse; reads Q, K, V; scratch probs
+ * for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void attention_fwd_causal_online_f32_rows(
     const float *__restrict__ Q,
@@ -392,15 +349,16 @@ __global__ void attention_fwd_causal_online_f32_rows(
     float row_sum_3 = 0.0f;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(j + n*(b*heads + h));
             float qk_0 = 0.0f;
             float qk_1 = 0.0f;
             float qk_2 = 0.0f;
             float qk_3 = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                qk_0 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
-                qk_1 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[c + d*(j + n*(b*heads + h))];
-                qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[c + d*(j + n*(b*heads + h))];
-                qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[c + d*(j + n*(b*heads + h))];
+                qk_0 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
+                qk_1 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
             probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
             probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
@@ -452,6 +410,10 @@ __global__ void attention_fwd_causal_online_f32_rows(
             O[c + d*(4*i_tile + n*(b*heads + h) + 3)] = O[c + d*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t V_row0 = d*(4*j_tile + n*(b*heads + h));
+            const int64_t V_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t V_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t V_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
             const float t_0_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const float t_0_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
             const float t_0_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
@@ -469,22 +431,23 @@ __global__ void attention_fwd_causal_online_f32_rows(
             const float t_3_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
             const float t_3_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c] + t_2_0 * V[V_row2 + c] + t_3_0 * V[V_row3 + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c] + t_2_1 * V[V_row2 + c] + t_3_1 * V[V_row3 + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c] + t_2_2 * V[V_row2 + c] + t_3_2 * V[V_row3 + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c] + t_2_3 * V[V_row2 + c] + t_3_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const float t_02 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t_12 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const float t_22 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const float t_32 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const int64_t V_row = d*(j + n*(b*heads + h));
+            const float t_0b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t_1b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            const float t_2b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            const float t_3b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(4*i_tile + n*(b*heads + h))] += t_02 * V[c + d*(j + n*(b*heads + h))];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_12 * V[c + d*(j + n*(b*heads + h))];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_22 * V[c + d*(j + n*(b*heads + h))];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_32 * V[c + d*(j + n*(b*heads + h))];
+                O[c + d*(4*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_2b * V[V_row + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_3b * V[V_row + c];
             }
         }
         row_max_0 = new_max_0;
@@ -504,37 +467,8 @@ __global__ void attention_fwd_causal_online_f32_rows(
     lse[4*i_tile + n*(b*heads + h) + 3] = row_max_3 + logf(row_sum_3);
 }
 
-/* rows.edge: from the DNF
- * O[b, h, i, c] = sum[j < n](
- *                     exp(
- *                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K)) if i >= j else -inf)
- *                         - max[j2 < n](
- *                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K)) if i >= j2 else -inf)
- *                         )
- *                     )
- *                     / sum[j3 < n](
- *                         exp(
- *                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K)) if i >= j3 else -inf)
- *                             - max[j4 < n](
- *                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K)) if i >= j4 else -inf)
- *                             )
- *                         )
- *                     )
- *                     * (<b h j c> psi V)
- *                 )
- * lse[b, h, i] = max[j5 < n](
- *                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K)) if i >= j5 else -inf)
- *                )
- *                + log(
- *                    sum[j6 < n](
- *                        exp(
- *                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K)) if i >= j6 else -inf)
- *                            - max[j7 < n](
- *                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K)) if i >= j7 else -inf)
- *                            )
- *                        )
- *                    )
- *                )
+/* rows.edge: writes O, lse; reads Q, K, V; scratch probs
+ * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void attention_fwd_causal_online_f32_rows_edge(
     const float *__restrict__ Q,
@@ -562,9 +496,10 @@ __global__ void attention_fwd_causal_online_f32_rows_edge(
     float row_sum = 0.0f;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(j + n*(b*heads + h));
             float qk = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
             probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? scale * qk : -INFINITY);
         }
@@ -586,18 +521,23 @@ __global__ void attention_fwd_causal_online_f32_rows_edge(
             O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t V_row0 = d*(4*j_tile + n*(b*heads + h));
+            const int64_t V_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t V_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t V_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
             const float t_0 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const float t_1 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
             const float t_2 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
             const float t_3 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(i + n*(b*heads + h))] += t_0 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                O[c + d*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c] + t_2 * V[V_row2 + c] + t_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t V_row = d*(j + n*(b*heads + h));
             const float t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+                O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
             }
         }
         row_max = new_max;
@@ -624,16 +564,15 @@ extern "C" int attention_fwd_causal_online_f32(
     float scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*((n) / 4);
+        const int64_t count = batch*heads*((n) / 4), threads = 128;
         attention_fwd_causal_online_f32_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*(n - 4*((n) / 4));
+        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         attention_fwd_causal_online_f32_rows_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();

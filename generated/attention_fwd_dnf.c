@@ -4,6 +4,43 @@
  * Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h, i)); hoist(); parallel(b, h, i); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c attention_fwd --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * O[b, h, i, c] = sum[j < n](
+ *                     exp(
+ *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+ *                         - max[j2 < n](
+ *                             scale
+ *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+ *                         )
+ *                     )
+ *                     / sum[j3 < n](
+ *                         exp(
+ *                             scale
+ *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+ *                             - max[j4 < n](
+ *                                 scale
+ *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+ *                             )
+ *                         )
+ *                     )
+ *                     * (<b h j c> psi V)
+ *                 )
+ * lse[b, h, i] = max[j5 < n](
+ *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+ *                )
+ *                + log(
+ *                    sum[j6 < n](
+ *                        exp(
+ *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+ *                            - max[j7 < n](
+ *                                scale
+ *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+ *                            )
+ *                        )
+ *                    )
+ *                )
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -31,41 +68,8 @@ void attention_fwd_dnf_f64(
     double scale
 )
 {
-    /* rows: from the DNF
-     * O[b, h, i, c] = sum[j < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-     *                         - max[j2 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-     *                             - max[j4 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j5 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-     *                            - max[j7 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
+    /* rows: writes O, lse; reads Q, K, V
+     * for b, h, i (parallel) / c (simd), j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -77,32 +81,36 @@ void attention_fwd_dnf_f64(
                 }
                 double row_max = -INFINITY;
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t K_row = d*(j + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                     }
                     row_max = max_double(row_max, scale * qk);
                 }
                 double row_sum = 0.0;
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t K_row = d*(j + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                     }
                     row_sum += exp(scale * qk - row_max);
                 }
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t K_row = d*(j + n*(b*heads + h));
+                    const int64_t V_row = d*(j + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                     }
                     const double t = exp(scale * qk - row_max) / row_sum;
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+                        O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
                     }
                 }
                 lse[i + n*(b*heads + h)] = row_max + log(row_sum);
@@ -124,41 +132,8 @@ void attention_fwd_dnf_f32(
     float scale
 )
 {
-    /* rows: from the DNF
-     * O[b, h, i, c] = sum[j < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-     *                         - max[j2 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-     *                             - max[j4 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j5 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-     *                            - max[j7 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
+    /* rows: writes O, lse; reads Q, K, V
+     * for b, h, i (parallel) / c (simd), j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -170,32 +145,36 @@ void attention_fwd_dnf_f32(
                 }
                 float row_max = -INFINITY;
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t K_row = d*(j + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                     }
                     row_max = max_float(row_max, scale * qk);
                 }
                 float row_sum = 0.0f;
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t K_row = d*(j + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                     }
                     row_sum += expf(scale * qk - row_max);
                 }
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t K_row = d*(j + n*(b*heads + h));
+                    const int64_t V_row = d*(j + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
-                        qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                        qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                     }
                     const float t = expf(scale * qk - row_max) / row_sum;
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+                        O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
                     }
                 }
                 lse[i + n*(b*heads + h)] = row_max + logf(row_sum);

@@ -4,11 +4,7 @@
  * Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h, i)); hoist(); gpu_threads(b, h, i, 128 a block); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda attention_fwd --variant dnf
  */
-#include <math.h>
-#include <stdint.h>
-#include <cuda_runtime.h>
-
-/* rows: from the DNF
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
  * O[b, h, i, c] = sum[j < n](
  *                     exp(
  *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
@@ -43,6 +39,14 @@
  *                        )
  *                    )
  *                )
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+/* rows: writes O, lse; reads Q, K, V
+ * for b, h, i (parallel) / c (simd), j / c (simd)
  */
 __global__ void attention_fwd_dnf_f64_rows(
     const double *__restrict__ Q,
@@ -67,28 +71,32 @@ __global__ void attention_fwd_dnf_f64_rows(
     }
     double row_max = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(j + n*(b*heads + h));
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
         }
         row_max = fmax(row_max, scale * qk);
     }
     double row_sum = 0.0;
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(j + n*(b*heads + h));
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
         }
         row_sum += exp(scale * qk - row_max);
     }
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(j + n*(b*heads + h));
+        const int64_t V_row = d*(j + n*(b*heads + h));
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
         }
         const double t = exp(scale * qk - row_max) / row_sum;
         for (int64_t c = 0; c < d; ++c) {
-            O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+            O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
         }
     }
     lse[i + n*(b*heads + h)] = row_max + log(row_sum);
@@ -109,9 +117,8 @@ extern "C" int attention_fwd_dnf_f64(
     double scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwd_dnf_f64_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
@@ -120,41 +127,8 @@ extern "C" int attention_fwd_dnf_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* rows: from the DNF
- * O[b, h, i, c] = sum[j < n](
- *                     exp(
- *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
- *                         - max[j2 < n](
- *                             scale
- *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
- *                         )
- *                     )
- *                     / sum[j3 < n](
- *                         exp(
- *                             scale
- *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
- *                             - max[j4 < n](
- *                                 scale
- *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
- *                             )
- *                         )
- *                     )
- *                     * (<b h j c> psi V)
- *                 )
- * lse[b, h, i] = max[j5 < n](
- *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
- *                )
- *                + log(
- *                    sum[j6 < n](
- *                        exp(
- *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
- *                            - max[j7 < n](
- *                                scale
- *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
- *                            )
- *                        )
- *                    )
- *                )
+/* rows: writes O, lse; reads Q, K, V
+ * for b, h, i (parallel) / c (simd), j / c (simd)
  */
 __global__ void attention_fwd_dnf_f32_rows(
     const float *__restrict__ Q,
@@ -179,28 +153,32 @@ __global__ void attention_fwd_dnf_f32_rows(
     }
     float row_max = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(j + n*(b*heads + h));
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
         }
         row_max = fmaxf(row_max, scale * qk);
     }
     float row_sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(j + n*(b*heads + h));
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
         }
         row_sum += expf(scale * qk - row_max);
     }
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(j + n*(b*heads + h));
+        const int64_t V_row = d*(j + n*(b*heads + h));
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
         }
         const float t = expf(scale * qk - row_max) / row_sum;
         for (int64_t c = 0; c < d; ++c) {
-            O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+            O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
         }
     }
     lse[i + n*(b*heads + h)] = row_max + logf(row_sum);
@@ -221,9 +199,8 @@ extern "C" int attention_fwd_dnf_f32(
     float scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwd_dnf_f32_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();

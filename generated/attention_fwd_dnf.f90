@@ -2,6 +2,42 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h, i)); hoist(); parallel(b, h, i); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran attention_fwd --variant dnf
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! O[b, h, i, c] = sum[j < n](
+!                     exp(
+!                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+!                         - max[j2 < n](
+!                             scale
+!                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+!                         )
+!                     )
+!                     / sum[j3 < n](
+!                         exp(
+!                             scale
+!                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+!                             - max[j4 < n](
+!                                 scale
+!                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+!                             )
+!                         )
+!                     )
+!                     * (<b h j c> psi V)
+!                 )
+! lse[b, h, i] = max[j5 < n](
+!                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+!                )
+!                + log(
+!                    sum[j6 < n](
+!                        exp(
+!                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+!                            - max[j7 < n](
+!                                scale
+!                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+!                            )
+!                        )
+!                    )
+!                )
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_negative_inf
@@ -19,48 +55,16 @@ contains
     real(c_double), intent(in) :: V(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: O(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: lse(0:batch * heads * n - 1)
-    integer(c_int64_t) :: b, h, i, c, j
+    integer(c_int64_t) :: b, h, i, c, j, K_row, V_row
     real(c_double) :: row_max, qk, row_sum, t
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
 
-    ! rows: from the DNF
-    ! O[b, h, i, c] = sum[j < n](
-    !                     exp(
-    !                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-    !                         - max[j2 < n](
-    !                             scale
-    !                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-    !                         )
-    !                     )
-    !                     / sum[j3 < n](
-    !                         exp(
-    !                             scale
-    !                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-    !                             - max[j4 < n](
-    !                                 scale
-    !                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j5 < n](
-    !                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-    !                )
-    !                + log(
-    !                    sum[j6 < n](
-    !                        exp(
-    !                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-    !                            - max[j7 < n](
-    !                                scale
-    !                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    !$omp parallel do collapse(3) schedule(static) private(c, j, row_max, qk, row_sum, t)
+    ! rows: writes O, lse; reads Q, K, V
+    ! for b, h, i (parallel) / c (simd), j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j, K_row, V_row, row_max, qk, &
+    !$omp& row_sum, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
@@ -70,33 +74,36 @@ contains
           end do
           row_max = neg_inf
           do j = 0, n - 1
+            K_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
             end do
             row_max = max(row_max, scale * qk)
           end do
           row_sum = 0.0_c_double
           do j = 0, n - 1
+            K_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
             end do
             row_sum = row_sum + exp(scale * qk - row_max)
           end do
           do j = 0, n - 1
+            K_row = d*(j + n*(b*heads + h))
+            V_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
             end do
             t = exp(scale * qk - row_max) / row_sum
             !$omp simd
             do c = 0, d - 1
-              O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j + &
-                  & n*(b*heads + h)))
+              O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)
             end do
           end do
           lse(i + n*(b*heads + h)) = row_max + log(row_sum)
@@ -115,48 +122,16 @@ contains
     real(c_float), intent(in) :: V(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: O(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: lse(0:batch * heads * n - 1)
-    integer(c_int64_t) :: b, h, i, c, j
+    integer(c_int64_t) :: b, h, i, c, j, K_row, V_row
     real(c_float) :: row_max, qk, row_sum, t
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
 
-    ! rows: from the DNF
-    ! O[b, h, i, c] = sum[j < n](
-    !                     exp(
-    !                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-    !                         - max[j2 < n](
-    !                             scale
-    !                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-    !                         )
-    !                     )
-    !                     / sum[j3 < n](
-    !                         exp(
-    !                             scale
-    !                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-    !                             - max[j4 < n](
-    !                                 scale
-    !                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j5 < n](
-    !                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-    !                )
-    !                + log(
-    !                    sum[j6 < n](
-    !                        exp(
-    !                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-    !                            - max[j7 < n](
-    !                                scale
-    !                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    !$omp parallel do collapse(3) schedule(static) private(c, j, row_max, qk, row_sum, t)
+    ! rows: writes O, lse; reads Q, K, V
+    ! for b, h, i (parallel) / c (simd), j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j, K_row, V_row, row_max, qk, &
+    !$omp& row_sum, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
@@ -166,33 +141,36 @@ contains
           end do
           row_max = neg_inf
           do j = 0, n - 1
+            K_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
             end do
             row_max = max(row_max, scale * qk)
           end do
           row_sum = 0.0_c_float
           do j = 0, n - 1
+            K_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
             end do
             row_sum = row_sum + exp(scale * qk - row_max)
           end do
           do j = 0, n - 1
+            K_row = d*(j + n*(b*heads + h))
+            V_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
-              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+              qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
             end do
             t = exp(scale * qk - row_max) / row_sum
             !$omp simd
             do c = 0, d - 1
-              O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j + &
-                  & n*(b*heads + h)))
+              O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)
             end do
           end do
           lse(i + n*(b*heads + h)) = row_max + log(row_sum)

@@ -4,12 +4,33 @@
  * Schedule: hoist(); gpu_threads(b, h, i, 128 a block); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda attention_fwd --variant naive
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * scores[b, h, i, j] = scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+ * probs[b, h, i, j] = exp((<b h i j> psi scores) - max[j2 < n]((<b h i j2> psi scores)))
+ *                     / sum[j3 < n](
+ *                         exp(
+ *                             (<b h i j3> psi scores)
+ *                             - max[j4 < n]((<b h i j4> psi scores))
+ *                         )
+ *                     )
+ * O[b, h, i, c] = sum[j < n]((<b h i j> psi probs) * (<b h j c> psi V))
+ * lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
+ *                + log(
+ *                    sum[j6 < n](
+ *                        exp(
+ *                            (<b h i j6> psi scores)
+ *                            - max[j7 < n]((<b h i j7> psi scores))
+ *                        )
+ *                    )
+ *                )
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* scores: from the DNF
- * scores[b, h, i, j] = scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+/* scores: reads Q, K; scratch scores
+ * for b, h, i (parallel) / j / c (simd)
  */
 __global__ void attention_fwd_naive_f64_scores(
     const double *__restrict__ Q,
@@ -31,23 +52,19 @@ __global__ void attention_fwd_naive_f64_scores(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t scores_row = n*(i + n*(b*heads + h));
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(j + n*(b*heads + h));
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
         }
-        scores[j + n*(i + n*(b*heads + h))] = scale * qk;
+        scores[scores_row + j] = scale * qk;
     }
 }
 
-/* probs: from the DNF
- * probs[b, h, i, j] = exp((<b h i j> psi scores) - max[j2 < n]((<b h i j2> psi scores)))
- *                     / sum[j3 < n](
- *                         exp(
- *                             (<b h i j3> psi scores)
- *                             - max[j4 < n]((<b h i j4> psi scores))
- *                         )
- *                     )
+/* probs: scratch probs, scores
+ * for b, h, i (parallel) / j (simd)
  */
 __global__ void attention_fwd_naive_f64_probs(
     const double *__restrict__ Q,
@@ -69,6 +86,7 @@ __global__ void attention_fwd_naive_f64_probs(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t probs_row = n*(i + n*(b*heads + h));
     double row_max = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
         row_max = fmax(row_max, scores[j + n*(i + n*(b*heads + h))]);
@@ -78,12 +96,12 @@ __global__ void attention_fwd_naive_f64_probs(
         row_sum += exp(scores[j + n*(i + n*(b*heads + h))] - row_max);
     }
     for (int64_t j = 0; j < n; ++j) {
-        probs[j + n*(i + n*(b*heads + h))] = exp(scores[j + n*(i + n*(b*heads + h))] - row_max) / row_sum;
+        probs[probs_row + j] = exp(scores[j + n*(i + n*(b*heads + h))] - row_max) / row_sum;
     }
 }
 
-/* O: from the DNF
- * O[b, h, i, c] = sum[j < n]((<b h i j> psi probs) * (<b h j c> psi V))
+/* O: writes O; reads V; scratch probs
+ * for b, h, i (parallel) / c / j (simd)
  */
 __global__ void attention_fwd_naive_f64_O(
     const double *__restrict__ Q,
@@ -105,25 +123,18 @@ __global__ void attention_fwd_naive_f64_O(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t O_row = d*(i + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
         double acc = 0.0;
         for (int64_t j = 0; j < n; ++j) {
             acc += probs[j + n*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
         }
-        O[c + d*(i + n*(b*heads + h))] = acc;
+        O[O_row + c] = acc;
     }
 }
 
-/* lse: from the DNF
- * lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
- *                + log(
- *                    sum[j6 < n](
- *                        exp(
- *                            (<b h i j6> psi scores)
- *                            - max[j7 < n]((<b h i j7> psi scores))
- *                        )
- *                    )
- *                )
+/* lse: writes lse; scratch scores
+ * for b, h, i (parallel) / j (simd)
  */
 __global__ void attention_fwd_naive_f64_lse(
     const double *__restrict__ Q,
@@ -173,30 +184,29 @@ extern "C" int attention_fwd_naive_f64(
     double scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwd_naive_f64_scores<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwd_naive_f64_probs<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwd_naive_f64_O<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwd_naive_f64_lse<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
@@ -205,8 +215,8 @@ extern "C" int attention_fwd_naive_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* scores: from the DNF
- * scores[b, h, i, j] = scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+/* scores: reads Q, K; scratch scores
+ * for b, h, i (parallel) / j / c (simd)
  */
 __global__ void attention_fwd_naive_f32_scores(
     const float *__restrict__ Q,
@@ -228,23 +238,19 @@ __global__ void attention_fwd_naive_f32_scores(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t scores_row = n*(i + n*(b*heads + h));
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t K_row = d*(j + n*(b*heads + h));
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
         }
-        scores[j + n*(i + n*(b*heads + h))] = scale * qk;
+        scores[scores_row + j] = scale * qk;
     }
 }
 
-/* probs: from the DNF
- * probs[b, h, i, j] = exp((<b h i j> psi scores) - max[j2 < n]((<b h i j2> psi scores)))
- *                     / sum[j3 < n](
- *                         exp(
- *                             (<b h i j3> psi scores)
- *                             - max[j4 < n]((<b h i j4> psi scores))
- *                         )
- *                     )
+/* probs: scratch probs, scores
+ * for b, h, i (parallel) / j (simd)
  */
 __global__ void attention_fwd_naive_f32_probs(
     const float *__restrict__ Q,
@@ -266,6 +272,7 @@ __global__ void attention_fwd_naive_f32_probs(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t probs_row = n*(i + n*(b*heads + h));
     float row_max = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
         row_max = fmaxf(row_max, scores[j + n*(i + n*(b*heads + h))]);
@@ -275,12 +282,12 @@ __global__ void attention_fwd_naive_f32_probs(
         row_sum += expf(scores[j + n*(i + n*(b*heads + h))] - row_max);
     }
     for (int64_t j = 0; j < n; ++j) {
-        probs[j + n*(i + n*(b*heads + h))] = expf(scores[j + n*(i + n*(b*heads + h))] - row_max) / row_sum;
+        probs[probs_row + j] = expf(scores[j + n*(i + n*(b*heads + h))] - row_max) / row_sum;
     }
 }
 
-/* O: from the DNF
- * O[b, h, i, c] = sum[j < n]((<b h i j> psi probs) * (<b h j c> psi V))
+/* O: writes O; reads V; scratch probs
+ * for b, h, i (parallel) / c / j (simd)
  */
 __global__ void attention_fwd_naive_f32_O(
     const float *__restrict__ Q,
@@ -302,25 +309,18 @@ __global__ void attention_fwd_naive_f32_O(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t O_row = d*(i + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
         float acc = 0.0f;
         for (int64_t j = 0; j < n; ++j) {
             acc += probs[j + n*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
         }
-        O[c + d*(i + n*(b*heads + h))] = acc;
+        O[O_row + c] = acc;
     }
 }
 
-/* lse: from the DNF
- * lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
- *                + log(
- *                    sum[j6 < n](
- *                        exp(
- *                            (<b h i j6> psi scores)
- *                            - max[j7 < n]((<b h i j7> psi scores))
- *                        )
- *                    )
- *                )
+/* lse: writes lse; scratch scores
+ * for b, h, i (parallel) / j (simd)
  */
 __global__ void attention_fwd_naive_f32_lse(
     const float *__restrict__ Q,
@@ -370,30 +370,29 @@ extern "C" int attention_fwd_naive_f32(
     float scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwd_naive_f32_scores<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwd_naive_f32_probs<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwd_naive_f32_O<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwd_naive_f32_lse<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();

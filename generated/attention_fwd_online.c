@@ -4,6 +4,43 @@
  * Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h, i)); hoist(); online_softmax(rows, block=64); unroll_sum(rows, j, 2); lower_reductions(); unroll_jam(rows, i, 8); parallel(b, h, i_tile, interleaved, nest=rows); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c attention_fwd --variant online
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * O[b, h, i, c] = sum[j < n](
+ *                     exp(
+ *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+ *                         - max[j2 < n](
+ *                             scale
+ *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+ *                         )
+ *                     )
+ *                     / sum[j3 < n](
+ *                         exp(
+ *                             scale
+ *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+ *                             - max[j4 < n](
+ *                                 scale
+ *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+ *                             )
+ *                         )
+ *                     )
+ *                     * (<b h j c> psi V)
+ *                 )
+ * lse[b, h, i] = max[j5 < n](
+ *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+ *                )
+ *                + log(
+ *                    sum[j6 < n](
+ *                        exp(
+ *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+ *                            - max[j7 < n](
+ *                                scale
+ *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+ *                            )
+ *                        )
+ *                    )
+ *                )
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -32,41 +69,9 @@ void attention_fwd_online_f64(
     double scale
 )
 {
-    /* rows: from the DNF
-     * O[b, h, i, c] = sum[j < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-     *                         - max[j2 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-     *                             - max[j4 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j5 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-     *                            - max[j7 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
+    /* rows: writes O, lse; reads Q, K, V; scratch probs
+     * for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd),
+     *     j_tile / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
@@ -101,6 +106,7 @@ void attention_fwd_online_f64(
                 double row_sum_7 = 0.0;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = d*(j + n*(b*heads + h));
                         double qk_0 = 0.0;
                         double qk_1 = 0.0;
                         double qk_2 = 0.0;
@@ -111,14 +117,14 @@ void attention_fwd_online_f64(
                         double qk_7 = 0.0;
                         #pragma omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7)
                         for (int64_t c = 0; c < d; ++c) {
-                            qk_0 += Q[c + d*(8*i_tile + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
-                            qk_1 += Q[c + d*(8*i_tile + n*(b*heads + h) + 1)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_2 += Q[c + d*(8*i_tile + n*(b*heads + h) + 2)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_3 += Q[c + d*(8*i_tile + n*(b*heads + h) + 3)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_4 += Q[c + d*(8*i_tile + n*(b*heads + h) + 4)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_5 += Q[c + d*(8*i_tile + n*(b*heads + h) + 5)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_6 += Q[c + d*(8*i_tile + n*(b*heads + h) + 6)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_7 += Q[c + d*(8*i_tile + n*(b*heads + h) + 7)] * K[c + d*(j + n*(b*heads + h))];
+                            qk_0 += Q[c + d*(8*i_tile + n*(b*heads + h))] * K[K_row + c];
+                            qk_1 += Q[c + d*(8*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                            qk_2 += Q[c + d*(8*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                            qk_3 += Q[c + d*(8*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
+                            qk_4 += Q[c + d*(8*i_tile + n*(b*heads + h) + 4)] * K[K_row + c];
+                            qk_5 += Q[c + d*(8*i_tile + n*(b*heads + h) + 5)] * K[K_row + c];
+                            qk_6 += Q[c + d*(8*i_tile + n*(b*heads + h) + 6)] * K[K_row + c];
+                            qk_7 += Q[c + d*(8*i_tile + n*(b*heads + h) + 7)] * K[K_row + c];
                         }
                         probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
                         probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
@@ -214,6 +220,8 @@ void attention_fwd_online_f64(
                         O[c + d*(8*i_tile + n*(b*heads + h) + 7)] = O[c + d*(8*i_tile + n*(b*heads + h) + 7)] * rescale_7;
                     }
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+                        const int64_t V_row0 = d*(2*j_tile + n*(b*heads + h));
+                        const int64_t V_row1 = d*(2*j_tile + n*(b*heads + h) + 1);
                         const double t_0_0 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
                         const double t_0_1 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64];
                         const double t_0_2 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128];
@@ -232,19 +240,20 @@ void attention_fwd_online_f64(
                         const double t_1_7 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 449];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(8*i_tile + n*(b*heads + h))] += t_0_0 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_0 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_1 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_2 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_3 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 4)] += t_0_4 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_4 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 5)] += t_0_5 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_5 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 6)] += t_0_6 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_6 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 7)] += t_0_7 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_7 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
+                            O[c + d*(8*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 4)] += t_0_4 * V[V_row0 + c] + t_1_4 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 5)] += t_0_5 * V[V_row0 + c] + t_1_5 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 6)] += t_0_6 * V[V_row0 + c] + t_1_6 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 7)] += t_0_7 * V[V_row0 + c] + t_1_7 * V[V_row1 + c];
                         }
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        const double t_02 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const double t_12 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+                        const int64_t V_row = d*(j + n*(b*heads + h));
+                        const double t_0b = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const double t_1b = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
                         const double t_2 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
                         const double t_3 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
                         const double t_4 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
@@ -253,14 +262,14 @@ void attention_fwd_online_f64(
                         const double t_7 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(8*i_tile + n*(b*heads + h))] += t_02 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 1)] += t_12 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 2)] += t_2 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 3)] += t_3 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 4)] += t_4 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 5)] += t_5 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 6)] += t_6 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 7)] += t_7 * V[c + d*(j + n*(b*heads + h))];
+                            O[c + d*(8*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 2)] += t_2 * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 3)] += t_3 * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 4)] += t_4 * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 5)] += t_5 * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 6)] += t_6 * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 7)] += t_7 * V[V_row + c];
                         }
                     }
                     row_max_0 = new_max_0;
@@ -294,41 +303,9 @@ void attention_fwd_online_f64(
             }
         }
     }
-    /* rows.edge: from the DNF
-     * O[b, h, i, c] = sum[j < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-     *                         - max[j2 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-     *                             - max[j4 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j5 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-     *                            - max[j7 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
+    /* rows.edge: writes O, lse; reads Q, K, V; scratch probs
+     * for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd), j_tile /
+     *     c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
@@ -342,10 +319,11 @@ void attention_fwd_online_f64(
                 double row_sum = 0.0;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = d*(j + n*(b*heads + h));
                         double qk = 0.0;
                         #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < d; ++c) {
-                            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                         }
                         probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
                     }
@@ -371,18 +349,21 @@ void attention_fwd_online_f64(
                         O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale;
                     }
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+                        const int64_t V_row0 = d*(2*j_tile + n*(b*heads + h));
+                        const int64_t V_row1 = d*(2*j_tile + n*(b*heads + h) + 1);
                         const double t_0 = probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
                         const double t_1 = probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(i + n*(b*heads + h))] += t_0 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
+                            O[c + d*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c];
                         }
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t V_row = d*(j + n*(b*heads + h));
                         const double t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+                            O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
                         }
                     }
                     row_max = new_max;
@@ -411,41 +392,9 @@ void attention_fwd_online_f32(
     float scale
 )
 {
-    /* rows: from the DNF
-     * O[b, h, i, c] = sum[j < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-     *                         - max[j2 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-     *                             - max[j4 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j5 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-     *                            - max[j7 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
+    /* rows: writes O, lse; reads Q, K, V; scratch probs
+     * for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd),
+     *     j_tile / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
@@ -480,6 +429,7 @@ void attention_fwd_online_f32(
                 float row_sum_7 = 0.0f;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = d*(j + n*(b*heads + h));
                         float qk_0 = 0.0f;
                         float qk_1 = 0.0f;
                         float qk_2 = 0.0f;
@@ -490,14 +440,14 @@ void attention_fwd_online_f32(
                         float qk_7 = 0.0f;
                         #pragma omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7)
                         for (int64_t c = 0; c < d; ++c) {
-                            qk_0 += Q[c + d*(8*i_tile + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
-                            qk_1 += Q[c + d*(8*i_tile + n*(b*heads + h) + 1)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_2 += Q[c + d*(8*i_tile + n*(b*heads + h) + 2)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_3 += Q[c + d*(8*i_tile + n*(b*heads + h) + 3)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_4 += Q[c + d*(8*i_tile + n*(b*heads + h) + 4)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_5 += Q[c + d*(8*i_tile + n*(b*heads + h) + 5)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_6 += Q[c + d*(8*i_tile + n*(b*heads + h) + 6)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_7 += Q[c + d*(8*i_tile + n*(b*heads + h) + 7)] * K[c + d*(j + n*(b*heads + h))];
+                            qk_0 += Q[c + d*(8*i_tile + n*(b*heads + h))] * K[K_row + c];
+                            qk_1 += Q[c + d*(8*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                            qk_2 += Q[c + d*(8*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                            qk_3 += Q[c + d*(8*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
+                            qk_4 += Q[c + d*(8*i_tile + n*(b*heads + h) + 4)] * K[K_row + c];
+                            qk_5 += Q[c + d*(8*i_tile + n*(b*heads + h) + 5)] * K[K_row + c];
+                            qk_6 += Q[c + d*(8*i_tile + n*(b*heads + h) + 6)] * K[K_row + c];
+                            qk_7 += Q[c + d*(8*i_tile + n*(b*heads + h) + 7)] * K[K_row + c];
                         }
                         probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
                         probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
@@ -593,6 +543,8 @@ void attention_fwd_online_f32(
                         O[c + d*(8*i_tile + n*(b*heads + h) + 7)] = O[c + d*(8*i_tile + n*(b*heads + h) + 7)] * rescale_7;
                     }
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+                        const int64_t V_row0 = d*(2*j_tile + n*(b*heads + h));
+                        const int64_t V_row1 = d*(2*j_tile + n*(b*heads + h) + 1);
                         const float t_0_0 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
                         const float t_0_1 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64];
                         const float t_0_2 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128];
@@ -611,19 +563,20 @@ void attention_fwd_online_f32(
                         const float t_1_7 = probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 449];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(8*i_tile + n*(b*heads + h))] += t_0_0 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_0 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_1 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_2 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_3 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 4)] += t_0_4 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_4 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 5)] += t_0_5 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_5 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 6)] += t_0_6 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_6 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 7)] += t_0_7 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_7 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
+                            O[c + d*(8*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 4)] += t_0_4 * V[V_row0 + c] + t_1_4 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 5)] += t_0_5 * V[V_row0 + c] + t_1_5 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 6)] += t_0_6 * V[V_row0 + c] + t_1_6 * V[V_row1 + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 7)] += t_0_7 * V[V_row0 + c] + t_1_7 * V[V_row1 + c];
                         }
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        const float t_02 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const float t_12 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+                        const int64_t V_row = d*(j + n*(b*heads + h));
+                        const float t_0b = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const float t_1b = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
                         const float t_2 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
                         const float t_3 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
                         const float t_4 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
@@ -632,14 +585,14 @@ void attention_fwd_online_f32(
                         const float t_7 = probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(8*i_tile + n*(b*heads + h))] += t_02 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 1)] += t_12 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 2)] += t_2 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 3)] += t_3 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 4)] += t_4 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 5)] += t_5 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 6)] += t_6 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(8*i_tile + n*(b*heads + h) + 7)] += t_7 * V[c + d*(j + n*(b*heads + h))];
+                            O[c + d*(8*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 2)] += t_2 * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 3)] += t_3 * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 4)] += t_4 * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 5)] += t_5 * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 6)] += t_6 * V[V_row + c];
+                            O[c + d*(8*i_tile + n*(b*heads + h) + 7)] += t_7 * V[V_row + c];
                         }
                     }
                     row_max_0 = new_max_0;
@@ -673,41 +626,9 @@ void attention_fwd_online_f32(
             }
         }
     }
-    /* rows.edge: from the DNF
-     * O[b, h, i, c] = sum[j < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-     *                         - max[j2 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-     *                             - max[j4 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j5 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-     *                            - max[j7 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
+    /* rows.edge: writes O, lse; reads Q, K, V; scratch probs
+     * for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd), j_tile /
+     *     c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
@@ -721,10 +642,11 @@ void attention_fwd_online_f32(
                 float row_sum = 0.0f;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = d*(j + n*(b*heads + h));
                         float qk = 0.0f;
                         #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < d; ++c) {
-                            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                         }
                         probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
                     }
@@ -750,18 +672,21 @@ void attention_fwd_online_f32(
                         O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale;
                     }
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+                        const int64_t V_row0 = d*(2*j_tile + n*(b*heads + h));
+                        const int64_t V_row1 = d*(2*j_tile + n*(b*heads + h) + 1);
                         const float t_0 = probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
                         const float t_1 = probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(i + n*(b*heads + h))] += t_0 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
+                            O[c + d*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c];
                         }
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t V_row = d*(j + n*(b*heads + h));
                         const float t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+                            O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
                         }
                     }
                     row_max = new_max;

@@ -2,6 +2,42 @@
 ! Target cpu; schedule parameters rows=8 keys=2.
 ! Schedule: accumulate(c, over=j, nest=O); fuse(O, lse, over=(b, h, i)); hoist(); online_softmax(rows, block=64); unroll_sum(rows, j, 2); lower_reductions(); unroll_jam(rows, i, 8); parallel(b, h, i_tile, interleaved, nest=rows); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran attention_fwd --variant online
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! O[b, h, i, c] = sum[j < n](
+!                     exp(
+!                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+!                         - max[j2 < n](
+!                             scale
+!                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+!                         )
+!                     )
+!                     / sum[j3 < n](
+!                         exp(
+!                             scale
+!                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+!                             - max[j4 < n](
+!                                 scale
+!                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+!                             )
+!                         )
+!                     )
+!                     * (<b h j c> psi V)
+!                 )
+! lse[b, h, i] = max[j5 < n](
+!                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+!                )
+!                + log(
+!                    sum[j6 < n](
+!                        exp(
+!                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+!                            - max[j7 < n](
+!                                scale
+!                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+!                            )
+!                        )
+!                    )
+!                )
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_negative_inf
@@ -20,7 +56,7 @@ contains
     real(c_double), intent(out) :: O(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: lse(0:batch * heads * n - 1)
     real(c_double), intent(out) :: probs(0:batch * heads * n * 64 - 1)
-    integer(c_int64_t) :: b, h, i_tile, c, j_blk, j, j_tile, i
+    integer(c_int64_t) :: b, h, i_tile, c, j_blk, j, j_tile, i, K_row, V_row0, V_row1, V_row
     real(c_double) :: row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, &
         & row_max_6, row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, &
         & row_sum_6, row_sum_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, block_max_0, &
@@ -29,59 +65,27 @@ contains
         & new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, rescale_4, rescale_5, &
         & rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, &
         & block_sum_5, block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, t_0_3, t_0_4, t_0_5, t_0_6, &
-        & t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, t_1_7, t_02, t_12, t_2, t_3, &
+        & t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, t_1_7, t_0b, t_1b, t_2, t_3, &
         & t_4, t_5, t_6, t_7, row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t_0, &
         & t_1, t
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
 
-    ! rows: from the DNF
-    ! O[b, h, i, c] = sum[j < n](
-    !                     exp(
-    !                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-    !                         - max[j2 < n](
-    !                             scale
-    !                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-    !                         )
-    !                     )
-    !                     / sum[j3 < n](
-    !                         exp(
-    !                             scale
-    !                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-    !                             - max[j4 < n](
-    !                                 scale
-    !                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j5 < n](
-    !                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-    !                )
-    !                + log(
-    !                    sum[j6 < n](
-    !                        exp(
-    !                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-    !                            - max[j7 < n](
-    !                                scale
-    !                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, row_max_0, &
-    !$omp& row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, row_max_7, &
-    !$omp& row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, row_sum_6, &
-    !$omp& row_sum_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, block_max_0, block_max_1, &
-    !$omp& block_max_2, block_max_3, block_max_4, block_max_5, block_max_6, block_max_7, &
-    !$omp& new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, new_max_5, new_max_6, &
-    !$omp& new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, rescale_4, rescale_5, &
-    !$omp& rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, &
-    !$omp& block_sum_5, block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, t_0_3, t_0_4, t_0_5, &
-    !$omp& t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, t_1_7, t_02, t_12, t_2, &
-    !$omp& t_3, t_4, t_5, t_6, t_7)
+    ! rows: writes O, lse; reads Q, K, V; scratch probs
+    ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd),
+    !     j_tile / c (simd)
+    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, K_row, V_row0, &
+    !$omp& V_row1, V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, &
+    !$omp& row_max_6, row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, &
+    !$omp& row_sum_5, row_sum_6, row_sum_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, &
+    !$omp& block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
+    !$omp& block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, &
+    !$omp& new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, &
+    !$omp& rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, &
+    !$omp& block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, &
+    !$omp& t_0_3, t_0_4, t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, &
+    !$omp& t_1_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, t_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 8) - 1
@@ -114,6 +118,7 @@ contains
           row_sum_7 = 0.0_c_double
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = d*(j + n*(b*heads + h))
               qk_0 = 0.0_c_double
               qk_1 = 0.0_c_double
               qk_2 = 0.0_c_double
@@ -124,21 +129,14 @@ contains
               qk_7 = 0.0_c_double
               !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7)
               do c = 0, d - 1
-                qk_0 = qk_0 + Q(c + d*(8*i_tile + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
-                qk_1 = qk_1 + Q(c + d*(8*i_tile + n*(b*heads + h) + 1)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_2 = qk_2 + Q(c + d*(8*i_tile + n*(b*heads + h) + 2)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_3 = qk_3 + Q(c + d*(8*i_tile + n*(b*heads + h) + 3)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_4 = qk_4 + Q(c + d*(8*i_tile + n*(b*heads + h) + 4)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_5 = qk_5 + Q(c + d*(8*i_tile + n*(b*heads + h) + 5)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_6 = qk_6 + Q(c + d*(8*i_tile + n*(b*heads + h) + 6)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_7 = qk_7 + Q(c + d*(8*i_tile + n*(b*heads + h) + 7)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
+                qk_0 = qk_0 + Q(c + d*(8*i_tile + n*(b*heads + h))) * K(K_row + c)
+                qk_1 = qk_1 + Q(c + d*(8*i_tile + n*(b*heads + h) + 1)) * K(K_row + c)
+                qk_2 = qk_2 + Q(c + d*(8*i_tile + n*(b*heads + h) + 2)) * K(K_row + c)
+                qk_3 = qk_3 + Q(c + d*(8*i_tile + n*(b*heads + h) + 3)) * K(K_row + c)
+                qk_4 = qk_4 + Q(c + d*(8*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
+                qk_5 = qk_5 + Q(c + d*(8*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
+                qk_6 = qk_6 + Q(c + d*(8*i_tile + n*(b*heads + h) + 6)) * K(K_row + c)
+                qk_7 = qk_7 + Q(c + d*(8*i_tile + n*(b*heads + h) + 7)) * K(K_row + c)
               end do
               probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
               probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
@@ -265,6 +263,8 @@ contains
                   & 7)) * rescale_7
             end do
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
+              V_row0 = d*(2*j_tile + n*(b*heads + h))
+              V_row1 = d*(2*j_tile + n*(b*heads + h) + 1)
               t_0_0 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
               t_0_1 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64)
               t_0_2 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128)
@@ -284,34 +284,27 @@ contains
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(8*i_tile + n*(b*heads + h))) = O(c + d*(8*i_tile + n*(b*heads + h))) + &
-                    & t_0_0 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_0 * V(c + d*(2*j_tile + &
-                    & n*(b*heads + h) + 1))
+                    & t_0_0 * V(V_row0 + c) + t_1_0 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 1)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 1)) + t_0_1 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_1 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 1)) + t_0_1 * V(V_row0 + c) + t_1_1 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 2)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 2)) + t_0_2 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_2 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 2)) + t_0_2 * V(V_row0 + c) + t_1_2 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 3)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 3)) + t_0_3 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_3 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 3)) + t_0_3 * V(V_row0 + c) + t_1_3 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 4)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 4)) + t_0_4 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_4 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 4)) + t_0_4 * V(V_row0 + c) + t_1_4 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 5)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 5)) + t_0_5 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_5 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 5)) + t_0_5 * V(V_row0 + c) + t_1_5 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 6)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 6)) + t_0_6 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_6 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 6)) + t_0_6 * V(V_row0 + c) + t_1_6 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 7)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 7)) + t_0_7 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_7 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 7)) + t_0_7 * V(V_row0 + c) + t_1_7 * V(V_row1 + c)
               end do
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
-              t_02 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_12 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
+              V_row = d*(j + n*(b*heads + h))
+              t_0b = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              t_1b = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
               t_2 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
               t_3 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
               t_4 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
@@ -321,21 +314,21 @@ contains
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(8*i_tile + n*(b*heads + h))) = O(c + d*(8*i_tile + n*(b*heads + h))) + &
-                    & t_02 * V(c + d*(j + n*(b*heads + h)))
+                    & t_0b * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 1)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 1)) + t_12 * V(c + d*(j + n*(b*heads + h)))
+                    & 1)) + t_1b * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 2)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 2)) + t_2 * V(c + d*(j + n*(b*heads + h)))
+                    & 2)) + t_2 * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 3)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 3)) + t_3 * V(c + d*(j + n*(b*heads + h)))
+                    & 3)) + t_3 * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 4)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 4)) + t_4 * V(c + d*(j + n*(b*heads + h)))
+                    & 4)) + t_4 * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 5)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 5)) + t_5 * V(c + d*(j + n*(b*heads + h)))
+                    & 5)) + t_5 * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 6)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 6)) + t_6 * V(c + d*(j + n*(b*heads + h)))
+                    & 6)) + t_6 * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 7)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 7)) + t_7 * V(c + d*(j + n*(b*heads + h)))
+                    & 7)) + t_7 * V(V_row + c)
               end do
             end do
             row_max_0 = new_max_0
@@ -378,43 +371,11 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! rows.edge: from the DNF
-    ! O[b, h, i, c] = sum[j < n](
-    !                     exp(
-    !                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-    !                         - max[j2 < n](
-    !                             scale
-    !                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-    !                         )
-    !                     )
-    !                     / sum[j3 < n](
-    !                         exp(
-    !                             scale
-    !                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-    !                             - max[j4 < n](
-    !                                 scale
-    !                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j5 < n](
-    !                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-    !                )
-    !                + log(
-    !                    sum[j6 < n](
-    !                        exp(
-    !                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-    !                            - max[j7 < n](
-    !                                scale
-    !                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, row_max, &
-    !$omp& row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t)
+    ! rows.edge: writes O, lse; reads Q, K, V; scratch probs
+    ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd), j_tile /
+    !     c (simd)
+    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, K_row, V_row0, &
+    !$omp& V_row1, V_row, row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 8*((n) / 8), n - 1
@@ -426,10 +387,11 @@ contains
           row_sum = 0.0_c_double
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = d*(j + n*(b*heads + h))
               qk = 0.0_c_double
               !$omp simd reduction(+:qk)
               do c = 0, d - 1
-                qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+                qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
               end do
               probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
             end do
@@ -456,21 +418,22 @@ contains
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) * rescale
             end do
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
+              V_row0 = d*(2*j_tile + n*(b*heads + h))
+              V_row1 = d*(2*j_tile + n*(b*heads + h) + 1)
               t_0 = probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
               t_1 = probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1)
               !$omp simd
               do c = 0, d - 1
-                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t_0 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h))) + t_1 * V(c + d*(2*j_tile + n*(b*heads + h) &
-                    & + 1))
+                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t_0 * V(V_row0 &
+                    & + c) + t_1 * V(V_row1 + c)
               end do
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
+              V_row = d*(j + n*(b*heads + h))
               t = probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
               !$omp simd
               do c = 0, d - 1
-                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j &
-                    & + n*(b*heads + h)))
+                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)
               end do
             end do
             row_max = new_max
@@ -496,7 +459,7 @@ contains
     real(c_float), intent(out) :: O(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: lse(0:batch * heads * n - 1)
     real(c_float), intent(out) :: probs(0:batch * heads * n * 64 - 1)
-    integer(c_int64_t) :: b, h, i_tile, c, j_blk, j, j_tile, i
+    integer(c_int64_t) :: b, h, i_tile, c, j_blk, j, j_tile, i, K_row, V_row0, V_row1, V_row
     real(c_float) :: row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, &
         & row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, row_sum_6, &
         & row_sum_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, block_max_0, block_max_1, &
@@ -505,58 +468,26 @@ contains
         & rescale_0, rescale_1, rescale_2, rescale_3, rescale_4, rescale_5, rescale_6, rescale_7, &
         & block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5, &
         & block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, t_0_3, t_0_4, t_0_5, t_0_6, t_0_7, &
-        & t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, t_1_7, t_02, t_12, t_2, t_3, t_4, t_5, &
+        & t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, t_1_7, t_0b, t_1b, t_2, t_3, t_4, t_5, &
         & t_6, t_7, row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
 
-    ! rows: from the DNF
-    ! O[b, h, i, c] = sum[j < n](
-    !                     exp(
-    !                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-    !                         - max[j2 < n](
-    !                             scale
-    !                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-    !                         )
-    !                     )
-    !                     / sum[j3 < n](
-    !                         exp(
-    !                             scale
-    !                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-    !                             - max[j4 < n](
-    !                                 scale
-    !                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j5 < n](
-    !                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-    !                )
-    !                + log(
-    !                    sum[j6 < n](
-    !                        exp(
-    !                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-    !                            - max[j7 < n](
-    !                                scale
-    !                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, row_max_0, &
-    !$omp& row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, row_max_7, &
-    !$omp& row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, row_sum_6, &
-    !$omp& row_sum_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, block_max_0, block_max_1, &
-    !$omp& block_max_2, block_max_3, block_max_4, block_max_5, block_max_6, block_max_7, &
-    !$omp& new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, new_max_5, new_max_6, &
-    !$omp& new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, rescale_4, rescale_5, &
-    !$omp& rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, &
-    !$omp& block_sum_5, block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, t_0_3, t_0_4, t_0_5, &
-    !$omp& t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, t_1_7, t_02, t_12, t_2, &
-    !$omp& t_3, t_4, t_5, t_6, t_7)
+    ! rows: writes O, lse; reads Q, K, V; scratch probs
+    ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd),
+    !     j_tile / c (simd)
+    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, K_row, V_row0, &
+    !$omp& V_row1, V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, &
+    !$omp& row_max_6, row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, &
+    !$omp& row_sum_5, row_sum_6, row_sum_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, &
+    !$omp& block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
+    !$omp& block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, &
+    !$omp& new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, &
+    !$omp& rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, &
+    !$omp& block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, &
+    !$omp& t_0_3, t_0_4, t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, &
+    !$omp& t_1_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, t_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 8) - 1
@@ -589,6 +520,7 @@ contains
           row_sum_7 = 0.0_c_float
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = d*(j + n*(b*heads + h))
               qk_0 = 0.0_c_float
               qk_1 = 0.0_c_float
               qk_2 = 0.0_c_float
@@ -599,21 +531,14 @@ contains
               qk_7 = 0.0_c_float
               !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7)
               do c = 0, d - 1
-                qk_0 = qk_0 + Q(c + d*(8*i_tile + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
-                qk_1 = qk_1 + Q(c + d*(8*i_tile + n*(b*heads + h) + 1)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_2 = qk_2 + Q(c + d*(8*i_tile + n*(b*heads + h) + 2)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_3 = qk_3 + Q(c + d*(8*i_tile + n*(b*heads + h) + 3)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_4 = qk_4 + Q(c + d*(8*i_tile + n*(b*heads + h) + 4)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_5 = qk_5 + Q(c + d*(8*i_tile + n*(b*heads + h) + 5)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_6 = qk_6 + Q(c + d*(8*i_tile + n*(b*heads + h) + 6)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_7 = qk_7 + Q(c + d*(8*i_tile + n*(b*heads + h) + 7)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
+                qk_0 = qk_0 + Q(c + d*(8*i_tile + n*(b*heads + h))) * K(K_row + c)
+                qk_1 = qk_1 + Q(c + d*(8*i_tile + n*(b*heads + h) + 1)) * K(K_row + c)
+                qk_2 = qk_2 + Q(c + d*(8*i_tile + n*(b*heads + h) + 2)) * K(K_row + c)
+                qk_3 = qk_3 + Q(c + d*(8*i_tile + n*(b*heads + h) + 3)) * K(K_row + c)
+                qk_4 = qk_4 + Q(c + d*(8*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
+                qk_5 = qk_5 + Q(c + d*(8*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
+                qk_6 = qk_6 + Q(c + d*(8*i_tile + n*(b*heads + h) + 6)) * K(K_row + c)
+                qk_7 = qk_7 + Q(c + d*(8*i_tile + n*(b*heads + h) + 7)) * K(K_row + c)
               end do
               probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
               probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
@@ -740,6 +665,8 @@ contains
                   & 7)) * rescale_7
             end do
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
+              V_row0 = d*(2*j_tile + n*(b*heads + h))
+              V_row1 = d*(2*j_tile + n*(b*heads + h) + 1)
               t_0_0 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
               t_0_1 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64)
               t_0_2 = probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128)
@@ -759,34 +686,27 @@ contains
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(8*i_tile + n*(b*heads + h))) = O(c + d*(8*i_tile + n*(b*heads + h))) + &
-                    & t_0_0 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_0 * V(c + d*(2*j_tile + &
-                    & n*(b*heads + h) + 1))
+                    & t_0_0 * V(V_row0 + c) + t_1_0 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 1)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 1)) + t_0_1 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_1 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 1)) + t_0_1 * V(V_row0 + c) + t_1_1 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 2)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 2)) + t_0_2 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_2 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 2)) + t_0_2 * V(V_row0 + c) + t_1_2 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 3)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 3)) + t_0_3 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_3 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 3)) + t_0_3 * V(V_row0 + c) + t_1_3 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 4)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 4)) + t_0_4 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_4 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 4)) + t_0_4 * V(V_row0 + c) + t_1_4 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 5)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 5)) + t_0_5 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_5 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 5)) + t_0_5 * V(V_row0 + c) + t_1_5 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 6)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 6)) + t_0_6 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_6 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 6)) + t_0_6 * V(V_row0 + c) + t_1_6 * V(V_row1 + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 7)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 7)) + t_0_7 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_7 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 7)) + t_0_7 * V(V_row0 + c) + t_1_7 * V(V_row1 + c)
               end do
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
-              t_02 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_12 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
+              V_row = d*(j + n*(b*heads + h))
+              t_0b = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              t_1b = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
               t_2 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
               t_3 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
               t_4 = probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
@@ -796,21 +716,21 @@ contains
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(8*i_tile + n*(b*heads + h))) = O(c + d*(8*i_tile + n*(b*heads + h))) + &
-                    & t_02 * V(c + d*(j + n*(b*heads + h)))
+                    & t_0b * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 1)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 1)) + t_12 * V(c + d*(j + n*(b*heads + h)))
+                    & 1)) + t_1b * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 2)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 2)) + t_2 * V(c + d*(j + n*(b*heads + h)))
+                    & 2)) + t_2 * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 3)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 3)) + t_3 * V(c + d*(j + n*(b*heads + h)))
+                    & 3)) + t_3 * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 4)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 4)) + t_4 * V(c + d*(j + n*(b*heads + h)))
+                    & 4)) + t_4 * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 5)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 5)) + t_5 * V(c + d*(j + n*(b*heads + h)))
+                    & 5)) + t_5 * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 6)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 6)) + t_6 * V(c + d*(j + n*(b*heads + h)))
+                    & 6)) + t_6 * V(V_row + c)
                 O(c + d*(8*i_tile + n*(b*heads + h) + 7)) = O(c + d*(8*i_tile + n*(b*heads + h) + &
-                    & 7)) + t_7 * V(c + d*(j + n*(b*heads + h)))
+                    & 7)) + t_7 * V(V_row + c)
               end do
             end do
             row_max_0 = new_max_0
@@ -853,43 +773,11 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! rows.edge: from the DNF
-    ! O[b, h, i, c] = sum[j < n](
-    !                     exp(
-    !                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-    !                         - max[j2 < n](
-    !                             scale
-    !                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-    !                         )
-    !                     )
-    !                     / sum[j3 < n](
-    !                         exp(
-    !                             scale
-    !                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-    !                             - max[j4 < n](
-    !                                 scale
-    !                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j5 < n](
-    !                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-    !                )
-    !                + log(
-    !                    sum[j6 < n](
-    !                        exp(
-    !                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-    !                            - max[j7 < n](
-    !                                scale
-    !                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, row_max, &
-    !$omp& row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t)
+    ! rows.edge: writes O, lse; reads Q, K, V; scratch probs
+    ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd), j_tile /
+    !     c (simd)
+    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, K_row, V_row0, &
+    !$omp& V_row1, V_row, row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 8*((n) / 8), n - 1
@@ -901,10 +789,11 @@ contains
           row_sum = 0.0_c_float
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = d*(j + n*(b*heads + h))
               qk = 0.0_c_float
               !$omp simd reduction(+:qk)
               do c = 0, d - 1
-                qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+                qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
               end do
               probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
             end do
@@ -931,21 +820,22 @@ contains
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) * rescale
             end do
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
+              V_row0 = d*(2*j_tile + n*(b*heads + h))
+              V_row1 = d*(2*j_tile + n*(b*heads + h) + 1)
               t_0 = probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
               t_1 = probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1)
               !$omp simd
               do c = 0, d - 1
-                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t_0 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h))) + t_1 * V(c + d*(2*j_tile + n*(b*heads + h) &
-                    & + 1))
+                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t_0 * V(V_row0 &
+                    & + c) + t_1 * V(V_row1 + c)
               end do
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
+              V_row = d*(j + n*(b*heads + h))
               t = probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
               !$omp simd
               do c = 0, d - 1
-                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j &
-                    & + n*(b*heads + h)))
+                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)
               end do
             end do
             row_max = new_max

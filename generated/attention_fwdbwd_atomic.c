@@ -4,6 +4,74 @@
  * Schedule: accumulate(c, over=j, nest=O); accumulate(c, over=j, nest=dQ); scatter(dK, over=i, outer=(b, h)); scatter(dV, over=i, outer=(b, h)); fuse(O, lse, dQ, dK, dV, over=(b, h, i)); hoist(); parallel(b, h, i, nest=rows); parallel(b, h, j, nest=dK.zero); parallel(b, h, j, nest=dV.zero); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c attention_fwdbwd --variant atomic
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * dK = 0
+ * dV = 0
+ * O[b, h, i, c] = sum[j2 < n](
+ *                     exp(
+ *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
+ *                         - max[j3 < n](
+ *                             scale
+ *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K))
+ *                         )
+ *                     )
+ *                     / sum[j4 < n](
+ *                         exp(
+ *                             scale
+ *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K))
+ *                             - max[j5 < n](
+ *                                 scale
+ *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K))
+ *                             )
+ *                         )
+ *                     )
+ *                     * (<b h j2 c> psi V)
+ *                 )
+ * lse[b, h, i] = max[j6 < n](
+ *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K))
+ *                )
+ *                + log(
+ *                    sum[j7 < n](
+ *                        exp(
+ *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K))
+ *                            - max[j8 < n](
+ *                                scale
+ *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K))
+ *                            )
+ *                        )
+ *                    )
+ *                )
+ * dQ[b, h, i, c] = sum[j9 < n](
+ *                      scale
+ *                      * exp(
+ *                          scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K))
+ *                          - (<b h i> psi lse)
+ *                      )
+ *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
+ *                      - sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O)))
+ *                      * (<b h j9 c> psi K)
+ *                  )
+ * dK[b, h, j, c] = sum[i2 < n](
+ *                      scale
+ *                      * exp(
+ *                          scale
+ *                          * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K))
+ *                          - (<b h i2> psi lse)
+ *                      )
+ *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
+ *                      - sum[c14 < d]((<b h i2 c14> psi dO) * (<b h i2 c14> psi O)))
+ *                      * (<b h i2 c> psi Q)
+ *                  )
+ * dV[b, h, j, c] = sum[i3 < n](
+ *                      exp(
+ *                          scale
+ *                          * sum[c15 < d]((<b h i3 c15> psi Q) * (<b h j c15> psi K))
+ *                          - (<b h i3> psi lse)
+ *                      )
+ *                      * (<b h i3 c> psi dO)
+ *                  )
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -35,98 +103,38 @@ void attention_fwdbwd_atomic_f64(
     double scale
 )
 {
-    /* dK.zero: from the DNF
-     * dK = 0
+    /* dK.zero: writes dK
+     * for b, h, j (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                const int64_t dK_row = d*(j + n*(b*heads + h));
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    dK[c + d*(j + n*(b*heads + h))] = 0.0;
+                    dK[dK_row + c] = 0.0;
                 }
             }
         }
     }
-    /* dV.zero: from the DNF
-     * dV = 0
+    /* dV.zero: writes dV
+     * for b, h, j (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                const int64_t dV_row = d*(j + n*(b*heads + h));
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    dV[c + d*(j + n*(b*heads + h))] = 0.0;
+                    dV[dV_row + c] = 0.0;
                 }
             }
         }
     }
-    /* rows: from the DNF
-     * O[b, h, i, c] = sum[j2 < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
-     *                         - max[j3 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j4 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K))
-     *                             - max[j5 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j2 c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j6 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j7 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K))
-     *                            - max[j8 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
-     * dQ[b, h, i, c] = sum[j9 < n](
-     *                      scale
-     *                      * exp(
-     *                          scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K))
-     *                          - (<b h i> psi lse)
-     *                      )
-     *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
-     *                      - sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O)))
-     *                      * (<b h j9 c> psi K)
-     *                  )
-     * dK[b, h, j, c] = sum[i2 < n](
-     *                      scale
-     *                      * exp(
-     *                          scale
-     *                          * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K))
-     *                          - (<b h i2> psi lse)
-     *                      )
-     *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
-     *                      - sum[c14 < d]((<b h i2 c14> psi dO) * (<b h i2 c14> psi O)))
-     *                      * (<b h i2 c> psi Q)
-     *                  )
-     * dV[b, h, j, c] = sum[i3 < n](
-     *                      exp(
-     *                          scale
-     *                          * sum[c15 < d]((<b h i3 c15> psi Q) * (<b h j c15> psi K))
-     *                          - (<b h i3> psi lse)
-     *                      )
-     *                      * (<b h i3 c> psi dO)
-     *                  )
+    /* rows: writes O, dQ, lse; adds atomically to dK, dV; reads Q, K, V, dO
+     * for b, h, i (parallel) / c (simd), j / c (simd), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -156,6 +164,7 @@ void attention_fwdbwd_atomic_f64(
                     row_sum += exp(scale * qk - row_max);
                 }
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t V_row = d*(j + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
@@ -164,7 +173,7 @@ void attention_fwdbwd_atomic_f64(
                     const double t = exp(scale * qk - row_max) / row_sum;
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+                        O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
                     }
                 }
                 lse[i + n*(b*heads + h)] = row_max + log(row_sum);
@@ -174,6 +183,9 @@ void attention_fwdbwd_atomic_f64(
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t V_row = d*(j + n*(b*heads + h));
+                    const int64_t dK_row = d*(j + n*(b*heads + h));
+                    const int64_t dV_row = d*(j + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
@@ -183,15 +195,15 @@ void attention_fwdbwd_atomic_f64(
                     double dov = 0.0;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
-                        dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                        dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
                     }
                     const double t2 = scale * t3 * (dov - rowdot);
                     for (int64_t c = 0; c < d; ++c) {
                         dQ[c + d*(i + n*(b*heads + h))] += t2 * K[c + d*(j + n*(b*heads + h))];
                         #pragma omp atomic
-                        dK[c + d*(j + n*(b*heads + h))] += t2 * Q[c + d*(i + n*(b*heads + h))];
+                        dK[dK_row + c] += t2 * Q[c + d*(i + n*(b*heads + h))];
                         #pragma omp atomic
-                        dV[c + d*(j + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];
+                        dV[dV_row + c] += t3 * dO[c + d*(i + n*(b*heads + h))];
                     }
                 }
             }
@@ -216,98 +228,38 @@ void attention_fwdbwd_atomic_f32(
     float scale
 )
 {
-    /* dK.zero: from the DNF
-     * dK = 0
+    /* dK.zero: writes dK
+     * for b, h, j (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                const int64_t dK_row = d*(j + n*(b*heads + h));
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    dK[c + d*(j + n*(b*heads + h))] = 0.0f;
+                    dK[dK_row + c] = 0.0f;
                 }
             }
         }
     }
-    /* dV.zero: from the DNF
-     * dV = 0
+    /* dV.zero: writes dV
+     * for b, h, j (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                const int64_t dV_row = d*(j + n*(b*heads + h));
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    dV[c + d*(j + n*(b*heads + h))] = 0.0f;
+                    dV[dV_row + c] = 0.0f;
                 }
             }
         }
     }
-    /* rows: from the DNF
-     * O[b, h, i, c] = sum[j2 < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
-     *                         - max[j3 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j4 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K))
-     *                             - max[j5 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j2 c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j6 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j7 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K))
-     *                            - max[j8 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
-     * dQ[b, h, i, c] = sum[j9 < n](
-     *                      scale
-     *                      * exp(
-     *                          scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K))
-     *                          - (<b h i> psi lse)
-     *                      )
-     *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
-     *                      - sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O)))
-     *                      * (<b h j9 c> psi K)
-     *                  )
-     * dK[b, h, j, c] = sum[i2 < n](
-     *                      scale
-     *                      * exp(
-     *                          scale
-     *                          * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K))
-     *                          - (<b h i2> psi lse)
-     *                      )
-     *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
-     *                      - sum[c14 < d]((<b h i2 c14> psi dO) * (<b h i2 c14> psi O)))
-     *                      * (<b h i2 c> psi Q)
-     *                  )
-     * dV[b, h, j, c] = sum[i3 < n](
-     *                      exp(
-     *                          scale
-     *                          * sum[c15 < d]((<b h i3 c15> psi Q) * (<b h j c15> psi K))
-     *                          - (<b h i3> psi lse)
-     *                      )
-     *                      * (<b h i3 c> psi dO)
-     *                  )
+    /* rows: writes O, dQ, lse; adds atomically to dK, dV; reads Q, K, V, dO
+     * for b, h, i (parallel) / c (simd), j / c (simd), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -337,6 +289,7 @@ void attention_fwdbwd_atomic_f32(
                     row_sum += expf(scale * qk - row_max);
                 }
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t V_row = d*(j + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
@@ -345,7 +298,7 @@ void attention_fwdbwd_atomic_f32(
                     const float t = expf(scale * qk - row_max) / row_sum;
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+                        O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
                     }
                 }
                 lse[i + n*(b*heads + h)] = row_max + logf(row_sum);
@@ -355,6 +308,9 @@ void attention_fwdbwd_atomic_f32(
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t V_row = d*(j + n*(b*heads + h));
+                    const int64_t dK_row = d*(j + n*(b*heads + h));
+                    const int64_t dV_row = d*(j + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
@@ -364,15 +320,15 @@ void attention_fwdbwd_atomic_f32(
                     float dov = 0.0f;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
-                        dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                        dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
                     }
                     const float t2 = scale * t3 * (dov - rowdot);
                     for (int64_t c = 0; c < d; ++c) {
                         dQ[c + d*(i + n*(b*heads + h))] += t2 * K[c + d*(j + n*(b*heads + h))];
                         #pragma omp atomic
-                        dK[c + d*(j + n*(b*heads + h))] += t2 * Q[c + d*(i + n*(b*heads + h))];
+                        dK[dK_row + c] += t2 * Q[c + d*(i + n*(b*heads + h))];
                         #pragma omp atomic
-                        dV[c + d*(j + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];
+                        dV[dV_row + c] += t3 * dO[c + d*(i + n*(b*heads + h))];
                     }
                 }
             }

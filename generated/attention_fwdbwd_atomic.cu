@@ -4,71 +4,9 @@
  * Schedule: accumulate(c, over=j, nest=O); accumulate(c, over=j, nest=dQ); scatter(dK, over=i, outer=(b, h)); scatter(dV, over=i, outer=(b, h)); fuse(O, lse, dQ, dK, dV, over=(b, h, i)); hoist(); gpu_threads(b, h, i, 128 a block, nest=rows); gpu_threads(b, h, j, 128 a block, nest=dK.zero); gpu_threads(b, h, j, 128 a block, nest=dV.zero); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda attention_fwdbwd --variant atomic
  */
-#include <math.h>
-#include <stdint.h>
-#include <cuda_runtime.h>
-
-/* dK.zero: from the DNF
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
  * dK = 0
- */
-__global__ void attention_fwdbwd_atomic_f64_dK_zero(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ dO,
-    double *__restrict__ O,
-    double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
-    int64_t batch,
-    int64_t heads,
-    int64_t n,
-    int64_t d,
-    double scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*n) return;
-    const int64_t j = tid % n;
-    const int64_t h = (tid / n) % heads;
-    const int64_t b = (tid / (heads*n));
-    for (int64_t c = 0; c < d; ++c) {
-        dK[c + d*(j + n*(b*heads + h))] = 0.0;
-    }
-}
-
-/* dV.zero: from the DNF
  * dV = 0
- */
-__global__ void attention_fwdbwd_atomic_f64_dV_zero(
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ dO,
-    double *__restrict__ O,
-    double *__restrict__ lse,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
-    int64_t batch,
-    int64_t heads,
-    int64_t n,
-    int64_t d,
-    double scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*n) return;
-    const int64_t j = tid % n;
-    const int64_t h = (tid / n) % heads;
-    const int64_t b = (tid / (heads*n));
-    for (int64_t c = 0; c < d; ++c) {
-        dV[c + d*(j + n*(b*heads + h))] = 0.0;
-    }
-}
-
-/* rows: from the DNF
  * O[b, h, i, c] = sum[j2 < n](
  *                     exp(
  *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
@@ -132,6 +70,76 @@ __global__ void attention_fwdbwd_atomic_f64_dV_zero(
  *                      )
  *                      * (<b h i3 c> psi dO)
  *                  )
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+/* dK.zero: writes dK
+ * for b, h, j (parallel) / c (simd)
+ */
+__global__ void attention_fwdbwd_atomic_f64_dK_zero(
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ dO,
+    double *__restrict__ O,
+    double *__restrict__ lse,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    int64_t batch,
+    int64_t heads,
+    int64_t n,
+    int64_t d,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*heads*n) return;
+    const int64_t j = tid % n;
+    const int64_t h = (tid / n) % heads;
+    const int64_t b = (tid / (heads*n));
+    const int64_t dK_row = d*(j + n*(b*heads + h));
+    for (int64_t c = 0; c < d; ++c) {
+        dK[dK_row + c] = 0.0;
+    }
+}
+
+/* dV.zero: writes dV
+ * for b, h, j (parallel) / c (simd)
+ */
+__global__ void attention_fwdbwd_atomic_f64_dV_zero(
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ dO,
+    double *__restrict__ O,
+    double *__restrict__ lse,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    int64_t batch,
+    int64_t heads,
+    int64_t n,
+    int64_t d,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*heads*n) return;
+    const int64_t j = tid % n;
+    const int64_t h = (tid / n) % heads;
+    const int64_t b = (tid / (heads*n));
+    const int64_t dV_row = d*(j + n*(b*heads + h));
+    for (int64_t c = 0; c < d; ++c) {
+        dV[dV_row + c] = 0.0;
+    }
+}
+
+/* rows: writes O, dQ, lse; adds atomically to dK, dV; reads Q, K, V, dO
+ * for b, h, i (parallel) / c (simd), j / c (simd), c
  */
 __global__ void attention_fwdbwd_atomic_f64_rows(
     const double *__restrict__ Q,
@@ -176,13 +184,14 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
         row_sum += exp(scale * qk - row_max);
     }
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t V_row = d*(j + n*(b*heads + h));
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
         }
         const double t = exp(scale * qk - row_max) / row_sum;
         for (int64_t c = 0; c < d; ++c) {
-            O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+            O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
         }
     }
     lse[i + n*(b*heads + h)] = row_max + log(row_sum);
@@ -191,6 +200,9 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
         rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
     }
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t V_row = d*(j + n*(b*heads + h));
+        const int64_t dK_row = d*(j + n*(b*heads + h));
+        const int64_t dV_row = d*(j + n*(b*heads + h));
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
@@ -198,13 +210,13 @@ __global__ void attention_fwdbwd_atomic_f64_rows(
         const double t3 = exp(scale * qk - lse[i + n*(b*heads + h)]);
         double dov = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+            dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
         }
         const double t2 = scale * t3 * (dov - rowdot);
         for (int64_t c = 0; c < d; ++c) {
             dQ[c + d*(i + n*(b*heads + h))] += t2 * K[c + d*(j + n*(b*heads + h))];
-            atomicAdd(&dK[c + d*(j + n*(b*heads + h))], t2 * Q[c + d*(i + n*(b*heads + h))]);
-            atomicAdd(&dV[c + d*(j + n*(b*heads + h))], t3 * dO[c + d*(i + n*(b*heads + h))]);
+            atomicAdd(&dK[dK_row + c], t2 * Q[c + d*(i + n*(b*heads + h))]);
+            atomicAdd(&dV[dV_row + c], t3 * dO[c + d*(i + n*(b*heads + h))]);
         }
     }
 }
@@ -228,23 +240,22 @@ extern "C" int attention_fwdbwd_atomic_f64(
     double scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwdbwd_atomic_f64_dK_zero<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwdbwd_atomic_f64_dV_zero<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwdbwd_atomic_f64_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
@@ -253,8 +264,8 @@ extern "C" int attention_fwdbwd_atomic_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* dK.zero: from the DNF
- * dK = 0
+/* dK.zero: writes dK
+ * for b, h, j (parallel) / c (simd)
  */
 __global__ void attention_fwdbwd_atomic_f32_dK_zero(
     const float *__restrict__ Q,
@@ -278,13 +289,14 @@ __global__ void attention_fwdbwd_atomic_f32_dK_zero(
     const int64_t j = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dK_row = d*(j + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
-        dK[c + d*(j + n*(b*heads + h))] = 0.0f;
+        dK[dK_row + c] = 0.0f;
     }
 }
 
-/* dV.zero: from the DNF
- * dV = 0
+/* dV.zero: writes dV
+ * for b, h, j (parallel) / c (simd)
  */
 __global__ void attention_fwdbwd_atomic_f32_dV_zero(
     const float *__restrict__ Q,
@@ -308,75 +320,14 @@ __global__ void attention_fwdbwd_atomic_f32_dV_zero(
     const int64_t j = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dV_row = d*(j + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
-        dV[c + d*(j + n*(b*heads + h))] = 0.0f;
+        dV[dV_row + c] = 0.0f;
     }
 }
 
-/* rows: from the DNF
- * O[b, h, i, c] = sum[j2 < n](
- *                     exp(
- *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
- *                         - max[j3 < n](
- *                             scale
- *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K))
- *                         )
- *                     )
- *                     / sum[j4 < n](
- *                         exp(
- *                             scale
- *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K))
- *                             - max[j5 < n](
- *                                 scale
- *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K))
- *                             )
- *                         )
- *                     )
- *                     * (<b h j2 c> psi V)
- *                 )
- * lse[b, h, i] = max[j6 < n](
- *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K))
- *                )
- *                + log(
- *                    sum[j7 < n](
- *                        exp(
- *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K))
- *                            - max[j8 < n](
- *                                scale
- *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K))
- *                            )
- *                        )
- *                    )
- *                )
- * dQ[b, h, i, c] = sum[j9 < n](
- *                      scale
- *                      * exp(
- *                          scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K))
- *                          - (<b h i> psi lse)
- *                      )
- *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
- *                      - sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O)))
- *                      * (<b h j9 c> psi K)
- *                  )
- * dK[b, h, j, c] = sum[i2 < n](
- *                      scale
- *                      * exp(
- *                          scale
- *                          * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K))
- *                          - (<b h i2> psi lse)
- *                      )
- *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
- *                      - sum[c14 < d]((<b h i2 c14> psi dO) * (<b h i2 c14> psi O)))
- *                      * (<b h i2 c> psi Q)
- *                  )
- * dV[b, h, j, c] = sum[i3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c15 < d]((<b h i3 c15> psi Q) * (<b h j c15> psi K))
- *                          - (<b h i3> psi lse)
- *                      )
- *                      * (<b h i3 c> psi dO)
- *                  )
+/* rows: writes O, dQ, lse; adds atomically to dK, dV; reads Q, K, V, dO
+ * for b, h, i (parallel) / c (simd), j / c (simd), c
  */
 __global__ void attention_fwdbwd_atomic_f32_rows(
     const float *__restrict__ Q,
@@ -421,13 +372,14 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
         row_sum += expf(scale * qk - row_max);
     }
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t V_row = d*(j + n*(b*heads + h));
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
         }
         const float t = expf(scale * qk - row_max) / row_sum;
         for (int64_t c = 0; c < d; ++c) {
-            O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+            O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
         }
     }
     lse[i + n*(b*heads + h)] = row_max + logf(row_sum);
@@ -436,6 +388,9 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
         rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
     }
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t V_row = d*(j + n*(b*heads + h));
+        const int64_t dK_row = d*(j + n*(b*heads + h));
+        const int64_t dV_row = d*(j + n*(b*heads + h));
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
@@ -443,13 +398,13 @@ __global__ void attention_fwdbwd_atomic_f32_rows(
         const float t3 = expf(scale * qk - lse[i + n*(b*heads + h)]);
         float dov = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+            dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
         }
         const float t2 = scale * t3 * (dov - rowdot);
         for (int64_t c = 0; c < d; ++c) {
             dQ[c + d*(i + n*(b*heads + h))] += t2 * K[c + d*(j + n*(b*heads + h))];
-            atomicAdd(&dK[c + d*(j + n*(b*heads + h))], t2 * Q[c + d*(i + n*(b*heads + h))]);
-            atomicAdd(&dV[c + d*(j + n*(b*heads + h))], t3 * dO[c + d*(i + n*(b*heads + h))]);
+            atomicAdd(&dK[dK_row + c], t2 * Q[c + d*(i + n*(b*heads + h))]);
+            atomicAdd(&dV[dV_row + c], t3 * dO[c + d*(i + n*(b*heads + h))]);
         }
     }
 }
@@ -473,23 +428,22 @@ extern "C" int attention_fwdbwd_atomic_f32(
     float scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwdbwd_atomic_f32_dK_zero<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwdbwd_atomic_f32_dV_zero<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         attention_fwdbwd_atomic_f32_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();

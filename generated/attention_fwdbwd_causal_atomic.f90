@@ -2,6 +2,67 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: accumulate(c, over=j, nest=O); accumulate(c, over=j, nest=dQ); scatter(dK, over=i, outer=(b, h)); scatter(dV, over=i, outer=(b, h)); fuse(O, lse, dQ, dK, dV, over=(b, h, i)); hoist(); parallel(b, h, i, nest=rows); parallel(b, h, j, nest=dK.zero); parallel(b, h, j, nest=dV.zero); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran attention_fwdbwd_causal --variant atomic
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! dK = 0
+! dV = 0
+! O[b, h, i, c] = sum[j2 < n](
+!                     exp(
+!                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
+!                         - max[j3 < n](
+!                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K)) if i >= j3 else -inf)
+!                         )
+!                     )
+!                     / sum[j4 < n](
+!                         exp(
+!                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K)) if i >= j4 else -inf)
+!                             - max[j5 < n](
+!                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K)) if i >= j5 else -inf)
+!                             )
+!                         )
+!                     )
+!                     * (<b h j2 c> psi V)
+!                 )
+! lse[b, h, i] = max[j6 < n](
+!                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K)) if i >= j6 else -inf)
+!                )
+!                + log(
+!                    sum[j7 < n](
+!                        exp(
+!                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K)) if i >= j7 else -inf)
+!                            - max[j8 < n](
+!                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K)) if i >= j8 else -inf)
+!                            )
+!                        )
+!                    )
+!                )
+! dQ[b, h, i, c] = sum[j9 < n](
+!                      scale
+!                      * exp(
+!                          (scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K)) if i >= j9 else -inf)
+!                          - (<b h i> psi lse)
+!                      )
+!                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
+!                      - sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O)))
+!                      * (<b h j9 c> psi K)
+!                  )
+! dK[b, h, j, c] = sum[i2 < n](
+!                      scale
+!                      * exp(
+!                          (scale * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K)) if i2 >= j else -inf)
+!                          - (<b h i2> psi lse)
+!                      )
+!                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
+!                      - sum[c14 < d]((<b h i2 c14> psi dO) * (<b h i2 c14> psi O)))
+!                      * (<b h i2 c> psi Q)
+!                  )
+! dV[b, h, j, c] = sum[i3 < n](
+!                      exp(
+!                          (scale * sum[c15 < d]((<b h i3 c15> psi Q) * (<b h j c15> psi K)) if i3 >= j else -inf)
+!                          - (<b h i3> psi lse)
+!                      )
+!                      * (<b h i3 c> psi dO)
+!                  )
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_negative_inf
@@ -24,100 +85,46 @@ contains
     real(c_double), intent(out) :: dQ(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: dK(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: dV(0:batch * heads * n * d - 1)
-    integer(c_int64_t) :: b, h, j, c, i
+    integer(c_int64_t) :: b, h, j, c, i, dK_row, dV_row, V_row
     real(c_double) :: row_max, qk, row_sum, t, rowdot, t3, dov, t2
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
 
-    ! dK.zero: from the DNF
-    ! dK = 0
-    !$omp parallel do collapse(3) schedule(static) private(c)
+    ! dK.zero: writes dK
+    ! for b, h, j (parallel) / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, dK_row)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          dK_row = d*(j + n*(b*heads + h))
           !$omp simd
           do c = 0, d - 1
-            dK(c + d*(j + n*(b*heads + h))) = 0.0_c_double
+            dK(dK_row + c) = 0.0_c_double
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dV.zero: from the DNF
-    ! dV = 0
-    !$omp parallel do collapse(3) schedule(static) private(c)
+    ! dV.zero: writes dV
+    ! for b, h, j (parallel) / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, dV_row)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          dV_row = d*(j + n*(b*heads + h))
           !$omp simd
           do c = 0, d - 1
-            dV(c + d*(j + n*(b*heads + h))) = 0.0_c_double
+            dV(dV_row + c) = 0.0_c_double
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! rows: from the DNF
-    ! O[b, h, i, c] = sum[j2 < n](
-    !                     exp(
-    !                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
-    !                         - max[j3 < n](
-    !                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K)) if i >= j3 else -inf)
-    !                         )
-    !                     )
-    !                     / sum[j4 < n](
-    !                         exp(
-    !                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K)) if i >= j4 else -inf)
-    !                             - max[j5 < n](
-    !                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K)) if i >= j5 else -inf)
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j2 c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j6 < n](
-    !                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K)) if i >= j6 else -inf)
-    !                )
-    !                + log(
-    !                    sum[j7 < n](
-    !                        exp(
-    !                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K)) if i >= j7 else -inf)
-    !                            - max[j8 < n](
-    !                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K)) if i >= j8 else -inf)
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    ! dQ[b, h, i, c] = sum[j9 < n](
-    !                      scale
-    !                      * exp(
-    !                          (scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K)) if i >= j9 else -inf)
-    !                          - (<b h i> psi lse)
-    !                      )
-    !                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
-    !                      - sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O)))
-    !                      * (<b h j9 c> psi K)
-    !                  )
-    ! dK[b, h, j, c] = sum[i2 < n](
-    !                      scale
-    !                      * exp(
-    !                          (scale * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K)) if i2 >= j else -inf)
-    !                          - (<b h i2> psi lse)
-    !                      )
-    !                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
-    !                      - sum[c14 < d]((<b h i2 c14> psi dO) * (<b h i2 c14> psi O)))
-    !                      * (<b h i2 c> psi Q)
-    !                  )
-    ! dV[b, h, j, c] = sum[i3 < n](
-    !                      exp(
-    !                          (scale * sum[c15 < d]((<b h i3 c15> psi Q) * (<b h j c15> psi K)) if i3 >= j else -inf)
-    !                          - (<b h i3> psi lse)
-    !                      )
-    !                      * (<b h i3 c> psi dO)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, j, row_max, qk, row_sum, t, rowdot, &
-    !$omp& t3, dov, t2)
+    ! rows: writes O, dQ, lse; adds atomically to dK, dV; reads Q, K, V, dO
+    ! for b, h, i (parallel) / c (simd), j / c (simd), c
+    !$omp parallel do collapse(3) schedule(static) private(c, j, V_row, dK_row, dV_row, row_max, &
+    !$omp& qk, row_sum, t, rowdot, t3, dov, t2)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
@@ -145,6 +152,7 @@ contains
             row_sum = row_sum + exp(merge(scale * qk, neg_inf, i >= j) - row_max)
           end do
           do j = 0, n - 1
+            V_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
@@ -153,8 +161,7 @@ contains
             t = exp(merge(scale * qk, neg_inf, i >= j) - row_max) / row_sum
             !$omp simd
             do c = 0, d - 1
-              O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j + &
-                  & n*(b*heads + h)))
+              O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)
             end do
           end do
           lse(i + n*(b*heads + h)) = row_max + log(row_sum)
@@ -164,6 +171,9 @@ contains
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
           do j = 0, n - 1
+            V_row = d*(j + n*(b*heads + h))
+            dK_row = d*(j + n*(b*heads + h))
+            dV_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
@@ -173,18 +183,16 @@ contains
             dov = 0.0_c_double
             !$omp simd reduction(+:dov)
             do c = 0, d - 1
-              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
+              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(V_row + c)
             end do
             t2 = scale * t3 * (dov - rowdot)
             do c = 0, d - 1
               dQ(c + d*(i + n*(b*heads + h))) = dQ(c + d*(i + n*(b*heads + h))) + t2 * K(c + d*(j &
                   & + n*(b*heads + h)))
               !$omp atomic
-              dK(c + d*(j + n*(b*heads + h))) = dK(c + d*(j + n*(b*heads + h))) + t2 * Q(c + d*(i &
-                  & + n*(b*heads + h)))
+              dK(dK_row + c) = dK(dK_row + c) + t2 * Q(c + d*(i + n*(b*heads + h)))
               !$omp atomic
-              dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t3 * dO(c + &
-                  & d*(i + n*(b*heads + h)))
+              dV(dV_row + c) = dV(dV_row + c) + t3 * dO(c + d*(i + n*(b*heads + h)))
             end do
           end do
         end do
@@ -207,100 +215,46 @@ contains
     real(c_float), intent(out) :: dQ(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: dK(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: dV(0:batch * heads * n * d - 1)
-    integer(c_int64_t) :: b, h, j, c, i
+    integer(c_int64_t) :: b, h, j, c, i, dK_row, dV_row, V_row
     real(c_float) :: row_max, qk, row_sum, t, rowdot, t3, dov, t2
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
 
-    ! dK.zero: from the DNF
-    ! dK = 0
-    !$omp parallel do collapse(3) schedule(static) private(c)
+    ! dK.zero: writes dK
+    ! for b, h, j (parallel) / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, dK_row)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          dK_row = d*(j + n*(b*heads + h))
           !$omp simd
           do c = 0, d - 1
-            dK(c + d*(j + n*(b*heads + h))) = 0.0_c_float
+            dK(dK_row + c) = 0.0_c_float
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dV.zero: from the DNF
-    ! dV = 0
-    !$omp parallel do collapse(3) schedule(static) private(c)
+    ! dV.zero: writes dV
+    ! for b, h, j (parallel) / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, dV_row)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          dV_row = d*(j + n*(b*heads + h))
           !$omp simd
           do c = 0, d - 1
-            dV(c + d*(j + n*(b*heads + h))) = 0.0_c_float
+            dV(dV_row + c) = 0.0_c_float
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! rows: from the DNF
-    ! O[b, h, i, c] = sum[j2 < n](
-    !                     exp(
-    !                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
-    !                         - max[j3 < n](
-    !                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K)) if i >= j3 else -inf)
-    !                         )
-    !                     )
-    !                     / sum[j4 < n](
-    !                         exp(
-    !                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K)) if i >= j4 else -inf)
-    !                             - max[j5 < n](
-    !                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K)) if i >= j5 else -inf)
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j2 c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j6 < n](
-    !                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K)) if i >= j6 else -inf)
-    !                )
-    !                + log(
-    !                    sum[j7 < n](
-    !                        exp(
-    !                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K)) if i >= j7 else -inf)
-    !                            - max[j8 < n](
-    !                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K)) if i >= j8 else -inf)
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    ! dQ[b, h, i, c] = sum[j9 < n](
-    !                      scale
-    !                      * exp(
-    !                          (scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K)) if i >= j9 else -inf)
-    !                          - (<b h i> psi lse)
-    !                      )
-    !                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
-    !                      - sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O)))
-    !                      * (<b h j9 c> psi K)
-    !                  )
-    ! dK[b, h, j, c] = sum[i2 < n](
-    !                      scale
-    !                      * exp(
-    !                          (scale * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K)) if i2 >= j else -inf)
-    !                          - (<b h i2> psi lse)
-    !                      )
-    !                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
-    !                      - sum[c14 < d]((<b h i2 c14> psi dO) * (<b h i2 c14> psi O)))
-    !                      * (<b h i2 c> psi Q)
-    !                  )
-    ! dV[b, h, j, c] = sum[i3 < n](
-    !                      exp(
-    !                          (scale * sum[c15 < d]((<b h i3 c15> psi Q) * (<b h j c15> psi K)) if i3 >= j else -inf)
-    !                          - (<b h i3> psi lse)
-    !                      )
-    !                      * (<b h i3 c> psi dO)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, j, row_max, qk, row_sum, t, rowdot, &
-    !$omp& t3, dov, t2)
+    ! rows: writes O, dQ, lse; adds atomically to dK, dV; reads Q, K, V, dO
+    ! for b, h, i (parallel) / c (simd), j / c (simd), c
+    !$omp parallel do collapse(3) schedule(static) private(c, j, V_row, dK_row, dV_row, row_max, &
+    !$omp& qk, row_sum, t, rowdot, t3, dov, t2)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
@@ -328,6 +282,7 @@ contains
             row_sum = row_sum + exp(merge(scale * qk, neg_inf, i >= j) - row_max)
           end do
           do j = 0, n - 1
+            V_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
@@ -336,8 +291,7 @@ contains
             t = exp(merge(scale * qk, neg_inf, i >= j) - row_max) / row_sum
             !$omp simd
             do c = 0, d - 1
-              O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j + &
-                  & n*(b*heads + h)))
+              O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)
             end do
           end do
           lse(i + n*(b*heads + h)) = row_max + log(row_sum)
@@ -347,6 +301,9 @@ contains
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
           do j = 0, n - 1
+            V_row = d*(j + n*(b*heads + h))
+            dK_row = d*(j + n*(b*heads + h))
+            dV_row = d*(j + n*(b*heads + h))
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, d - 1
@@ -356,18 +313,16 @@ contains
             dov = 0.0_c_float
             !$omp simd reduction(+:dov)
             do c = 0, d - 1
-              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
+              dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(V_row + c)
             end do
             t2 = scale * t3 * (dov - rowdot)
             do c = 0, d - 1
               dQ(c + d*(i + n*(b*heads + h))) = dQ(c + d*(i + n*(b*heads + h))) + t2 * K(c + d*(j &
                   & + n*(b*heads + h)))
               !$omp atomic
-              dK(c + d*(j + n*(b*heads + h))) = dK(c + d*(j + n*(b*heads + h))) + t2 * Q(c + d*(i &
-                  & + n*(b*heads + h)))
+              dK(dK_row + c) = dK(dK_row + c) + t2 * Q(c + d*(i + n*(b*heads + h)))
               !$omp atomic
-              dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t3 * dO(c + &
-                  & d*(i + n*(b*heads + h)))
+              dV(dV_row + c) = dV(dV_row + c) + t3 * dO(c + d*(i + n*(b*heads + h)))
             end do
           end do
         end do

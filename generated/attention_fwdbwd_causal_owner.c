@@ -4,6 +4,69 @@
  * Schedule: accumulate(c, over=j, nest=O); scatter(dQ, over=j, outer=(b, h)); accumulate(c, over=i, nest=dK); accumulate(c, over=i, nest=dV); fuse(O, lse, delta, over=(b, h, i)); fuse(dK, dV, dQ, over=(b, h, j)); hoist(); online_softmax(forward, block=64); lower_reductions(); key_blocks(keys, i, 64); part_buffers(keys, j, dQ, 1); unroll_sum(forward, j, 2); unroll_jam(forward, i, 4); unroll_sum(keys, i, 2); unroll_jam(keys, j_in, 4); block_interchange(keys, j_in_tile, i_blk, 16); distribute(c); parallel(b, h, i_tile, nest=forward); parallel(b, h, j_part, nest=keys); parallel(b, h, j_part, nest=dQ.zero); parallel(b, h, i, nest=dQ.merge); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c attention_fwdbwd_causal --variant owner
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * O[b, h, i, c] = sum[j2 < n](
+ *                     exp(
+ *                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
+ *                         - max[j3 < n](
+ *                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K)) if i >= j3 else -inf)
+ *                         )
+ *                     )
+ *                     / sum[j4 < n](
+ *                         exp(
+ *                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K)) if i >= j4 else -inf)
+ *                             - max[j5 < n](
+ *                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K)) if i >= j5 else -inf)
+ *                             )
+ *                         )
+ *                     )
+ *                     * (<b h j2 c> psi V)
+ *                 )
+ * lse[b, h, i] = max[j6 < n](
+ *                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K)) if i >= j6 else -inf)
+ *                )
+ *                + log(
+ *                    sum[j7 < n](
+ *                        exp(
+ *                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K)) if i >= j7 else -inf)
+ *                            - max[j8 < n](
+ *                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K)) if i >= j8 else -inf)
+ *                            )
+ *                        )
+ *                    )
+ *                )
+ * delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
+ * dQ = 0
+ * dQ[b, h, i, c] = sum[j9 < n](
+ *                      scale
+ *                      * exp(
+ *                          (scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K)) if i >= j9 else -inf)
+ *                          - (<b h i> psi lse)
+ *                      )
+ *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
+ *                      - (<b h i> psi delta))
+ *                      * (<b h j9 c> psi K)
+ *                  )
+ * dK[b, h, j, c] = sum[i2 < n](
+ *                      scale
+ *                      * exp(
+ *                          (scale * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K)) if i2 >= j else -inf)
+ *                          - (<b h i2> psi lse)
+ *                      )
+ *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
+ *                      - (<b h i2> psi delta))
+ *                      * (<b h i2 c> psi Q)
+ *                  )
+ * dV[b, h, j, c] = sum[i3 < n](
+ *                      exp(
+ *                          (scale * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K)) if i3 >= j else -inf)
+ *                          - (<b h i3> psi lse)
+ *                      )
+ *                      * (<b h i3 c> psi dO)
+ *                  )
+ * dQ = the sum of its 1 parts
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -42,43 +105,17 @@ void attention_fwdbwd_causal_owner_f64(
     double scale
 )
 {
-    /* forward: from the DNF
-     * O[b, h, i, c] = sum[j2 < n](
-     *                     exp(
-     *                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
-     *                         - max[j3 < n](
-     *                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K)) if i >= j3 else -inf)
-     *                         )
-     *                     )
-     *                     / sum[j4 < n](
-     *                         exp(
-     *                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K)) if i >= j4 else -inf)
-     *                             - max[j5 < n](
-     *                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K)) if i >= j5 else -inf)
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j2 c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j6 < n](
-     *                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K)) if i >= j6 else -inf)
-     *                )
-     *                + log(
-     *                    sum[j7 < n](
-     *                        exp(
-     *                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K)) if i >= j7 else -inf)
-     *                            - max[j8 < n](
-     *                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K)) if i >= j8 else -inf)
-     *                            )
-     *                        )
-     *                    )
-     *                )
-     * delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
+    /* forward: writes O, lse; reads Q, K, V, dO; scratch probs, delta
+     * for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i_tile = 0; i_tile < ((n) / 4); ++i_tile) {
+                const int64_t dO_row0 = d*(4*i_tile + n*(b*heads + h));
+                const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
+                const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
+                const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(4*i_tile + n*(b*heads + h))] = 0.0;
@@ -96,16 +133,17 @@ void attention_fwdbwd_causal_owner_f64(
                 double row_sum_3 = 0.0;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = d*(j + n*(b*heads + h));
                         double qk_0 = 0.0;
                         double qk_1 = 0.0;
                         double qk_2 = 0.0;
                         double qk_3 = 0.0;
                         #pragma omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
                         for (int64_t c = 0; c < d; ++c) {
-                            qk_0 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
-                            qk_1 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[c + d*(j + n*(b*heads + h))];
+                            qk_0 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
+                            qk_1 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                            qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                            qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
                         }
                         probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
                         probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
@@ -161,6 +199,8 @@ void attention_fwdbwd_causal_owner_f64(
                         O[c + d*(4*i_tile + n*(b*heads + h) + 3)] = O[c + d*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
                     }
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+                        const int64_t V_row0 = d*(2*j_tile + n*(b*heads + h));
+                        const int64_t V_row1 = d*(2*j_tile + n*(b*heads + h) + 1);
                         const double t_0_0 = probs[256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
                         const double t_0_1 = probs[256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64];
                         const double t_0_2 = probs[256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128];
@@ -171,23 +211,24 @@ void attention_fwdbwd_causal_owner_f64(
                         const double t_1_3 = probs[256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 193];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_0 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_1 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_2 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_3 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
+                            O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c];
                         }
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        const double t_02 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const double t_12 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+                        const int64_t V_row = d*(j + n*(b*heads + h));
+                        const double t_0b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const double t_1b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
                         const double t_2 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
                         const double t_3 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(4*i_tile + n*(b*heads + h))] += t_02 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_12 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_2 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_3 * V[c + d*(j + n*(b*heads + h))];
+                            O[c + d*(4*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_2 * V[V_row + c];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_3 * V[V_row + c];
                         }
                     }
                     row_max_0 = new_max_0;
@@ -212,10 +253,10 @@ void attention_fwdbwd_causal_owner_f64(
                 double rowdot_3 = 0.0;
                 #pragma omp simd reduction(+:rowdot_0, rowdot_1, rowdot_2, rowdot_3)
                 for (int64_t c = 0; c < d; ++c) {
-                    rowdot_0 += dO[c + d*(4*i_tile + n*(b*heads + h))] * O[c + d*(4*i_tile + n*(b*heads + h))];
-                    rowdot_1 += dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] * O[c + d*(4*i_tile + n*(b*heads + h) + 1)];
-                    rowdot_2 += dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] * O[c + d*(4*i_tile + n*(b*heads + h) + 2)];
-                    rowdot_3 += dO[c + d*(4*i_tile + n*(b*heads + h) + 3)] * O[c + d*(4*i_tile + n*(b*heads + h) + 3)];
+                    rowdot_0 += dO[dO_row0 + c] * O[c + d*(4*i_tile + n*(b*heads + h))];
+                    rowdot_1 += dO[dO_row1 + c] * O[c + d*(4*i_tile + n*(b*heads + h) + 1)];
+                    rowdot_2 += dO[dO_row2 + c] * O[c + d*(4*i_tile + n*(b*heads + h) + 2)];
+                    rowdot_3 += dO[dO_row3 + c] * O[c + d*(4*i_tile + n*(b*heads + h) + 3)];
                 }
                 delta[4*i_tile + n*(b*heads + h)] = rowdot_0;
                 delta[4*i_tile + n*(b*heads + h) + 1] = rowdot_1;
@@ -224,43 +265,14 @@ void attention_fwdbwd_causal_owner_f64(
             }
         }
     }
-    /* forward.edge: from the DNF
-     * O[b, h, i, c] = sum[j2 < n](
-     *                     exp(
-     *                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
-     *                         - max[j3 < n](
-     *                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K)) if i >= j3 else -inf)
-     *                         )
-     *                     )
-     *                     / sum[j4 < n](
-     *                         exp(
-     *                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K)) if i >= j4 else -inf)
-     *                             - max[j5 < n](
-     *                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K)) if i >= j5 else -inf)
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j2 c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j6 < n](
-     *                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K)) if i >= j6 else -inf)
-     *                )
-     *                + log(
-     *                    sum[j7 < n](
-     *                        exp(
-     *                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K)) if i >= j7 else -inf)
-     *                            - max[j8 < n](
-     *                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K)) if i >= j8 else -inf)
-     *                            )
-     *                        )
-     *                    )
-     *                )
-     * delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
+    /* forward.edge: writes O, lse; reads Q, K, V, dO; scratch probs, delta
+     * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 4*((n) / 4); i < n; ++i) {
+                const int64_t dO_row = d*(i + n*(b*heads + h));
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0;
@@ -269,10 +281,11 @@ void attention_fwdbwd_causal_owner_f64(
                 double row_sum = 0.0;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = d*(j + n*(b*heads + h));
                         double qk = 0.0;
                         #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < d; ++c) {
-                            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                         }
                         probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? scale * qk : -INFINITY);
                     }
@@ -298,18 +311,21 @@ void attention_fwdbwd_causal_owner_f64(
                         O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale;
                     }
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+                        const int64_t V_row0 = d*(2*j_tile + n*(b*heads + h));
+                        const int64_t V_row1 = d*(2*j_tile + n*(b*heads + h) + 1);
                         const double t_0 = probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
                         const double t_1 = probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(i + n*(b*heads + h))] += t_0 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
+                            O[c + d*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c];
                         }
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t V_row = d*(j + n*(b*heads + h));
                         const double t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+                            O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
                         }
                     }
                     row_max = new_max;
@@ -322,56 +338,32 @@ void attention_fwdbwd_causal_owner_f64(
                 double rowdot = 0.0;
                 #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
-                    rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+                    rowdot += dO[dO_row + c] * O[c + d*(i + n*(b*heads + h))];
                 }
                 delta[i + n*(b*heads + h)] = rowdot;
             }
         }
     }
-    /* dQ.zero: from the DNF
-     * dQ = 0
+    /* dQ.zero: scratch dQ_part
+     * for b, h, j_part (parallel) / i / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j_part = 0; j_part < 1; ++j_part) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dQ_part_row = d*(i + n*(h + heads*(b + batch*j_part)));
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        dQ_part[c + d*(i + n*(h + heads*(b + batch*j_part)))] = 0.0;
+                        dQ_part[dQ_part_row + c] = 0.0;
                     }
                 }
             }
         }
     }
-    /* keys: from the DNF
-     * dQ[b, h, i, c] = sum[j9 < n](
-     *                      scale
-     *                      * exp(
-     *                          (scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K)) if i >= j9 else -inf)
-     *                          - (<b h i> psi lse)
-     *                      )
-     *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
-     *                      - (<b h i> psi delta))
-     *                      * (<b h j9 c> psi K)
-     *                  )
-     * dK[b, h, j, c] = sum[i2 < n](
-     *                      scale
-     *                      * exp(
-     *                          (scale * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K)) if i2 >= j else -inf)
-     *                          - (<b h i2> psi lse)
-     *                      )
-     *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
-     *                      - (<b h i2> psi delta))
-     *                      * (<b h i2 c> psi Q)
-     *                  )
-     * dV[b, h, j, c] = sum[i3 < n](
-     *                      exp(
-     *                          (scale * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K)) if i3 >= j else -inf)
-     *                          - (<b h i3> psi lse)
-     *                      )
-     *                      * (<b h i3 c> psi dO)
-     *                  )
+    /* keys: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, delta
+     * for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
+     *     i, i (simd), i_tile / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -394,16 +386,18 @@ void attention_fwdbwd_causal_owner_f64(
                     for (int64_t i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
                         for (int64_t j_in_tile = 16*j_in_tile_blk; j_in_tile < (16*j_in_tile_blk + 16 < ((-j_part + n) / 4) ? 16*j_in_tile_blk + 16 : ((-j_part + n) / 4)); ++j_in_tile) {
                             for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-                                double qk_02 = 0.0;
-                                double qk_12 = 0.0;
-                                double qk_22 = 0.0;
-                                double qk_32 = 0.0;
-                                #pragma omp simd reduction(+:qk_02, qk_12, qk_22, qk_32)
+                                const int64_t Q_row = d*(i + n*(b*heads + h));
+                                const int64_t dO_row = d*(i + n*(b*heads + h));
+                                double qk_0b = 0.0;
+                                double qk_1b = 0.0;
+                                double qk_2b = 0.0;
+                                double qk_3b = 0.0;
+                                #pragma omp simd reduction(+:qk_0b, qk_1b, qk_2b, qk_3b)
                                 for (int64_t c = 0; c < d; ++c) {
-                                    qk_02 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))];
-                                    qk_12 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)];
-                                    qk_22 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)];
-                                    qk_32 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
+                                    qk_0b += Q[Q_row + c] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))];
+                                    qk_1b += Q[Q_row + c] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)];
+                                    qk_2b += Q[Q_row + c] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)];
+                                    qk_3b += Q[Q_row + c] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
                                 }
                                 double dov_0 = 0.0;
                                 double dov_1 = 0.0;
@@ -411,15 +405,15 @@ void attention_fwdbwd_causal_owner_f64(
                                 double dov_3 = 0.0;
                                 #pragma omp simd reduction(+:dov_0, dov_1, dov_2, dov_3)
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dov_0 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h))];
-                                    dov_1 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)];
-                                    dov_2 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)];
-                                    dov_3 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
+                                    dov_0 += dO[dO_row + c] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h))];
+                                    dov_1 += dO[dO_row + c] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)];
+                                    dov_2 += dO[dO_row + c] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)];
+                                    dov_3 += dO[dO_row + c] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
                                 }
-                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = qk_02;
-                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = qk_12;
-                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128] = qk_22;
-                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192] = qk_32;
+                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = qk_0b;
+                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = qk_1b;
+                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128] = qk_2b;
+                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192] = qk_3b;
                                 dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = dov_0;
                                 dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = dov_1;
                                 dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128] = dov_2;
@@ -427,32 +421,38 @@ void attention_fwdbwd_causal_owner_f64(
                             }
                             #pragma omp simd
                             for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-                                double qk_02 = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
-                                double qk_12 = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
-                                double qk_22 = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128];
-                                double qk_32 = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192];
+                                double qk_0b = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
+                                double qk_1b = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
+                                double qk_2b = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128];
+                                double qk_3b = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192];
                                 double dov_0 = dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
                                 double dov_1 = dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
                                 double dov_2 = dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128];
                                 double dov_3 = dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192];
-                                const double t3_02 = exp((i >= 4*j_in_tile + j_part ? scale * qk_02 : -INFINITY) - lse[i + n*(b*heads + h)]);
-                                const double t3_12 = exp((i >= 4*j_in_tile + j_part + 1 ? scale * qk_12 : -INFINITY) - lse[i + n*(b*heads + h)]);
-                                const double t3_2 = exp((i >= 4*j_in_tile + j_part + 2 ? scale * qk_22 : -INFINITY) - lse[i + n*(b*heads + h)]);
-                                const double t3_3 = exp((i >= 4*j_in_tile + j_part + 3 ? scale * qk_32 : -INFINITY) - lse[i + n*(b*heads + h)]);
-                                const double t2_02 = scale * t3_02 * (dov_0 - delta[i + n*(b*heads + h)]);
-                                const double t2_12 = scale * t3_12 * (dov_1 - delta[i + n*(b*heads + h)]);
+                                const double t3_0b = exp((i >= 4*j_in_tile + j_part ? scale * qk_0b : -INFINITY) - lse[i + n*(b*heads + h)]);
+                                const double t3_1b = exp((i >= 4*j_in_tile + j_part + 1 ? scale * qk_1b : -INFINITY) - lse[i + n*(b*heads + h)]);
+                                const double t3_2 = exp((i >= 4*j_in_tile + j_part + 2 ? scale * qk_2b : -INFINITY) - lse[i + n*(b*heads + h)]);
+                                const double t3_3 = exp((i >= 4*j_in_tile + j_part + 3 ? scale * qk_3b : -INFINITY) - lse[i + n*(b*heads + h)]);
+                                const double t2_0b = scale * t3_0b * (dov_0 - delta[i + n*(b*heads + h)]);
+                                const double t2_1b = scale * t3_1b * (dov_1 - delta[i + n*(b*heads + h)]);
                                 const double t2_2 = scale * t3_2 * (dov_2 - delta[i + n*(b*heads + h)]);
                                 const double t2_3 = scale * t3_3 * (dov_3 - delta[i + n*(b*heads + h)]);
-                                t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = t3_02;
-                                t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = t3_12;
+                                t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = t3_0b;
+                                t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = t3_1b;
                                 t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128] = t3_2;
                                 t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192] = t3_3;
-                                t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = t2_02;
-                                t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = t2_12;
+                                t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = t2_0b;
+                                t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = t2_1b;
                                 t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128] = t2_2;
                                 t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192] = t2_3;
                             }
                             for (int64_t i_tile = 32*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 2); ++i_tile) {
+                                const int64_t dQ_part_row0 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)));
+                                const int64_t dQ_part_row1 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1);
+                                const int64_t Q_row0 = d*(2*i_tile + n*(b*heads + h));
+                                const int64_t Q_row1 = d*(2*i_tile + n*(b*heads + h) + 1);
+                                const int64_t dO_row0 = d*(2*i_tile + n*(b*heads + h));
+                                const int64_t dO_row1 = d*(2*i_tile + n*(b*heads + h) + 1);
                                 const double t3_0_0 = t3_block[-64*i_blk + 2*i_tile + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
                                 const double t3_0_1 = t3_block[-64*i_blk + 2*i_tile + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
                                 const double t3_0_2 = t3_block[-64*i_blk + 2*i_tile + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128];
@@ -471,50 +471,53 @@ void attention_fwdbwd_causal_owner_f64(
                                 const double t2_1_3 = t2_block[-64*i_blk + 2*i_tile + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 193];
                                 #pragma omp simd
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dQ_part[c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)))] += t2_0_0 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] + t2_0_1 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] + t2_0_2 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] + t2_0_3 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
-                                    dQ_part[c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)] += t2_1_0 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] + t2_1_1 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] + t2_1_2 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] + t2_1_3 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
+                                    dQ_part[dQ_part_row0 + c] += t2_0_0 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] + t2_0_1 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] + t2_0_2 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] + t2_0_3 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
+                                    dQ_part[dQ_part_row1 + c] += t2_1_0 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] + t2_1_1 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] + t2_1_2 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] + t2_1_3 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
                                 }
                                 #pragma omp simd
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t2_0_0 * Q[c + d*(2*i_tile + n*(b*heads + h))] + t2_1_0 * Q[c + d*(2*i_tile + n*(b*heads + h) + 1)];
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t2_0_1 * Q[c + d*(2*i_tile + n*(b*heads + h))] + t2_1_1 * Q[c + d*(2*i_tile + n*(b*heads + h) + 1)];
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t2_0_2 * Q[c + d*(2*i_tile + n*(b*heads + h))] + t2_1_2 * Q[c + d*(2*i_tile + n*(b*heads + h) + 1)];
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t2_0_3 * Q[c + d*(2*i_tile + n*(b*heads + h))] + t2_1_3 * Q[c + d*(2*i_tile + n*(b*heads + h) + 1)];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t2_0_0 * Q[Q_row0 + c] + t2_1_0 * Q[Q_row1 + c];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t2_0_1 * Q[Q_row0 + c] + t2_1_1 * Q[Q_row1 + c];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t2_0_2 * Q[Q_row0 + c] + t2_1_2 * Q[Q_row1 + c];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t2_0_3 * Q[Q_row0 + c] + t2_1_3 * Q[Q_row1 + c];
                                 }
                                 #pragma omp simd
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t3_0_0 * dO[c + d*(2*i_tile + n*(b*heads + h))] + t3_1_0 * dO[c + d*(2*i_tile + n*(b*heads + h) + 1)];
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t3_0_1 * dO[c + d*(2*i_tile + n*(b*heads + h))] + t3_1_1 * dO[c + d*(2*i_tile + n*(b*heads + h) + 1)];
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t3_0_2 * dO[c + d*(2*i_tile + n*(b*heads + h))] + t3_1_2 * dO[c + d*(2*i_tile + n*(b*heads + h) + 1)];
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t3_0_3 * dO[c + d*(2*i_tile + n*(b*heads + h))] + t3_1_3 * dO[c + d*(2*i_tile + n*(b*heads + h) + 1)];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t3_0_0 * dO[dO_row0 + c] + t3_1_0 * dO[dO_row1 + c];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t3_0_1 * dO[dO_row0 + c] + t3_1_1 * dO[dO_row1 + c];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t3_0_2 * dO[dO_row0 + c] + t3_1_2 * dO[dO_row1 + c];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t3_0_3 * dO[dO_row0 + c] + t3_1_3 * dO[dO_row1 + c];
                                 }
                             }
                             for (int64_t i = 2*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 2); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-                                const double t3_02 = t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
-                                const double t3_12 = t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
+                                const int64_t Q_row = d*(i + n*(b*heads + h));
+                                const int64_t dO_row = d*(i + n*(b*heads + h));
+                                const int64_t dQ_part_row = d*(i + n*(h + heads*(b + batch*j_part)));
+                                const double t3_0b = t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
+                                const double t3_1b = t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
                                 const double t3_2 = t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128];
                                 const double t3_3 = t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192];
-                                const double t2_02 = t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
-                                const double t2_12 = t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
+                                const double t2_0b = t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
+                                const double t2_1b = t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
                                 const double t2_2 = t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128];
                                 const double t2_3 = t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192];
                                 #pragma omp simd
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dQ_part[c + d*(i + n*(h + heads*(b + batch*j_part)))] += t2_02 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] + t2_12 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] + t2_2 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] + t2_3 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
+                                    dQ_part[dQ_part_row + c] += t2_0b * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] + t2_1b * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] + t2_2 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] + t2_3 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
                                 }
                                 #pragma omp simd
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t2_02 * Q[c + d*(i + n*(b*heads + h))];
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t2_12 * Q[c + d*(i + n*(b*heads + h))];
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t2_2 * Q[c + d*(i + n*(b*heads + h))];
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t2_3 * Q[c + d*(i + n*(b*heads + h))];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t2_0b * Q[Q_row + c];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t2_1b * Q[Q_row + c];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t2_2 * Q[Q_row + c];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t2_3 * Q[Q_row + c];
                                 }
                                 #pragma omp simd
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t3_02 * dO[c + d*(i + n*(b*heads + h))];
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t3_12 * dO[c + d*(i + n*(b*heads + h))];
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t3_2 * dO[c + d*(i + n*(b*heads + h))];
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t3_3 * dO[c + d*(i + n*(b*heads + h))];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t3_0b * dO[dO_row + c];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t3_1b * dO[dO_row + c];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t3_2 * dO[dO_row + c];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t3_3 * dO[dO_row + c];
                                 }
                             }
                         }
@@ -523,34 +526,8 @@ void attention_fwdbwd_causal_owner_f64(
             }
         }
     }
-    /* keys.edge: from the DNF
-     * dQ[b, h, i, c] = sum[j9 < n](
-     *                      scale
-     *                      * exp(
-     *                          (scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K)) if i >= j9 else -inf)
-     *                          - (<b h i> psi lse)
-     *                      )
-     *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
-     *                      - (<b h i> psi delta))
-     *                      * (<b h j9 c> psi K)
-     *                  )
-     * dK[b, h, j, c] = sum[i2 < n](
-     *                      scale
-     *                      * exp(
-     *                          (scale * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K)) if i2 >= j else -inf)
-     *                          - (<b h i2> psi lse)
-     *                      )
-     *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
-     *                      - (<b h i2> psi delta))
-     *                      * (<b h i2 c> psi Q)
-     *                  )
-     * dV[b, h, j, c] = sum[i3 < n](
-     *                      exp(
-     *                          (scale * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K)) if i3 >= j else -inf)
-     *                          - (<b h i3> psi lse)
-     *                      )
-     *                      * (<b h i3 c> psi dO)
-     *                  )
+    /* keys.edge: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, delta
+     * for b, h, j_part (parallel) / j_in / c (simd), i_blk / i, i (simd), i_tile / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -564,15 +541,17 @@ void attention_fwdbwd_causal_owner_f64(
                     }
                     for (int64_t i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
                         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
+                            const int64_t Q_row = d*(i + n*(b*heads + h));
+                            const int64_t dO_row = d*(i + n*(b*heads + h));
                             double qk = 0.0;
                             #pragma omp simd reduction(+:qk)
                             for (int64_t c = 0; c < d; ++c) {
-                                qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j_in + j_part + n*(b*heads + h))];
+                                qk += Q[Q_row + c] * K[c + d*(j_in + j_part + n*(b*heads + h))];
                             }
                             double dov = 0.0;
                             #pragma omp simd reduction(+:dov)
                             for (int64_t c = 0; c < d; ++c) {
-                                dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j_in + j_part + n*(b*heads + h))];
+                                dov += dO[dO_row + c] * V[c + d*(j_in + j_part + n*(b*heads + h))];
                             }
                             qk_block[i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)] = qk;
                             dov_block[i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)] = dov;
@@ -587,38 +566,47 @@ void attention_fwdbwd_causal_owner_f64(
                             t2_block[i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)] = t2;
                         }
                         for (int64_t i_tile = 32*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 2); ++i_tile) {
+                            const int64_t dQ_part_row0 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)));
+                            const int64_t dQ_part_row1 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1);
+                            const int64_t Q_row0 = d*(2*i_tile + n*(b*heads + h));
+                            const int64_t Q_row1 = d*(2*i_tile + n*(b*heads + h) + 1);
+                            const int64_t dO_row0 = d*(2*i_tile + n*(b*heads + h));
+                            const int64_t dO_row1 = d*(2*i_tile + n*(b*heads + h) + 1);
                             const double t3_0 = t3_block[-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h)];
                             const double t3_1 = t3_block[-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h) + 1];
                             const double t2_0 = t2_block[-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h)];
                             const double t2_1 = t2_block[-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h) + 1];
                             #pragma omp simd
                             for (int64_t c = 0; c < d; ++c) {
-                                dQ_part[c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)))] += t2_0 * K[c + d*(j_in + j_part + n*(b*heads + h))];
-                                dQ_part[c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)] += t2_1 * K[c + d*(j_in + j_part + n*(b*heads + h))];
+                                dQ_part[dQ_part_row0 + c] += t2_0 * K[c + d*(j_in + j_part + n*(b*heads + h))];
+                                dQ_part[dQ_part_row1 + c] += t2_1 * K[c + d*(j_in + j_part + n*(b*heads + h))];
                             }
                             #pragma omp simd
                             for (int64_t c = 0; c < d; ++c) {
-                                dK[c + d*(j_in + j_part + n*(b*heads + h))] += t2_0 * Q[c + d*(2*i_tile + n*(b*heads + h))] + t2_1 * Q[c + d*(2*i_tile + n*(b*heads + h) + 1)];
+                                dK[c + d*(j_in + j_part + n*(b*heads + h))] += t2_0 * Q[Q_row0 + c] + t2_1 * Q[Q_row1 + c];
                             }
                             #pragma omp simd
                             for (int64_t c = 0; c < d; ++c) {
-                                dV[c + d*(j_in + j_part + n*(b*heads + h))] += t3_0 * dO[c + d*(2*i_tile + n*(b*heads + h))] + t3_1 * dO[c + d*(2*i_tile + n*(b*heads + h) + 1)];
+                                dV[c + d*(j_in + j_part + n*(b*heads + h))] += t3_0 * dO[dO_row0 + c] + t3_1 * dO[dO_row1 + c];
                             }
                         }
                         for (int64_t i = 2*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 2); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
+                            const int64_t Q_row = d*(i + n*(b*heads + h));
+                            const int64_t dO_row = d*(i + n*(b*heads + h));
+                            const int64_t dQ_part_row = d*(i + n*(h + heads*(b + batch*j_part)));
                             const double t3 = t3_block[i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)];
                             const double t2 = t2_block[i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)];
                             #pragma omp simd
                             for (int64_t c = 0; c < d; ++c) {
-                                dQ_part[c + d*(i + n*(h + heads*(b + batch*j_part)))] += t2 * K[c + d*(j_in + j_part + n*(b*heads + h))];
+                                dQ_part[dQ_part_row + c] += t2 * K[c + d*(j_in + j_part + n*(b*heads + h))];
                             }
                             #pragma omp simd
                             for (int64_t c = 0; c < d; ++c) {
-                                dK[c + d*(j_in + j_part + n*(b*heads + h))] += t2 * Q[c + d*(i + n*(b*heads + h))];
+                                dK[c + d*(j_in + j_part + n*(b*heads + h))] += t2 * Q[Q_row + c];
                             }
                             #pragma omp simd
                             for (int64_t c = 0; c < d; ++c) {
-                                dV[c + d*(j_in + j_part + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];
+                                dV[c + d*(j_in + j_part + n*(b*heads + h))] += t3 * dO[dO_row + c];
                             }
                         }
                     }
@@ -626,20 +614,21 @@ void attention_fwdbwd_causal_owner_f64(
             }
         }
     }
-    /* dQ.merge: from the DNF
-     * dQ = the sum of its 1 parts
+    /* dQ.merge: writes dQ; scratch dQ_part
+     * for b, h, i (parallel) / c / j_part (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dQ_row = d*(i + n*(b*heads + h));
                 for (int64_t c = 0; c < d; ++c) {
                     double dQ_sum = 0.0;
                     #pragma omp simd reduction(+:dQ_sum)
                     for (int64_t j_part = 0; j_part < 1; ++j_part) {
                         dQ_sum += dQ_part[c + d*(i + n*(h + heads*(b + batch*j_part)))];
                     }
-                    dQ[c + d*(i + n*(b*heads + h))] = dQ_sum;
+                    dQ[dQ_row + c] = dQ_sum;
                 }
             }
         }
@@ -670,43 +659,17 @@ void attention_fwdbwd_causal_owner_f32(
     float scale
 )
 {
-    /* forward: from the DNF
-     * O[b, h, i, c] = sum[j2 < n](
-     *                     exp(
-     *                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
-     *                         - max[j3 < n](
-     *                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K)) if i >= j3 else -inf)
-     *                         )
-     *                     )
-     *                     / sum[j4 < n](
-     *                         exp(
-     *                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K)) if i >= j4 else -inf)
-     *                             - max[j5 < n](
-     *                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K)) if i >= j5 else -inf)
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j2 c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j6 < n](
-     *                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K)) if i >= j6 else -inf)
-     *                )
-     *                + log(
-     *                    sum[j7 < n](
-     *                        exp(
-     *                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K)) if i >= j7 else -inf)
-     *                            - max[j8 < n](
-     *                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K)) if i >= j8 else -inf)
-     *                            )
-     *                        )
-     *                    )
-     *                )
-     * delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
+    /* forward: writes O, lse; reads Q, K, V, dO; scratch probs, delta
+     * for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i_tile = 0; i_tile < ((n) / 4); ++i_tile) {
+                const int64_t dO_row0 = d*(4*i_tile + n*(b*heads + h));
+                const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
+                const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
+                const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(4*i_tile + n*(b*heads + h))] = 0.0f;
@@ -724,16 +687,17 @@ void attention_fwdbwd_causal_owner_f32(
                 float row_sum_3 = 0.0f;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = d*(j + n*(b*heads + h));
                         float qk_0 = 0.0f;
                         float qk_1 = 0.0f;
                         float qk_2 = 0.0f;
                         float qk_3 = 0.0f;
                         #pragma omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
                         for (int64_t c = 0; c < d; ++c) {
-                            qk_0 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
-                            qk_1 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[c + d*(j + n*(b*heads + h))];
-                            qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[c + d*(j + n*(b*heads + h))];
+                            qk_0 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
+                            qk_1 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                            qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                            qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
                         }
                         probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
                         probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
@@ -789,6 +753,8 @@ void attention_fwdbwd_causal_owner_f32(
                         O[c + d*(4*i_tile + n*(b*heads + h) + 3)] = O[c + d*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
                     }
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+                        const int64_t V_row0 = d*(2*j_tile + n*(b*heads + h));
+                        const int64_t V_row1 = d*(2*j_tile + n*(b*heads + h) + 1);
                         const float t_0_0 = probs[256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
                         const float t_0_1 = probs[256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64];
                         const float t_0_2 = probs[256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128];
@@ -799,23 +765,24 @@ void attention_fwdbwd_causal_owner_f32(
                         const float t_1_3 = probs[256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 193];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_0 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_1 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_2 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1_3 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
+                            O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c];
                         }
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        const float t_02 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const float t_12 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+                        const int64_t V_row = d*(j + n*(b*heads + h));
+                        const float t_0b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const float t_1b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
                         const float t_2 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
                         const float t_3 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(4*i_tile + n*(b*heads + h))] += t_02 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_12 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_2 * V[c + d*(j + n*(b*heads + h))];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_3 * V[c + d*(j + n*(b*heads + h))];
+                            O[c + d*(4*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_2 * V[V_row + c];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_3 * V[V_row + c];
                         }
                     }
                     row_max_0 = new_max_0;
@@ -840,10 +807,10 @@ void attention_fwdbwd_causal_owner_f32(
                 float rowdot_3 = 0.0f;
                 #pragma omp simd reduction(+:rowdot_0, rowdot_1, rowdot_2, rowdot_3)
                 for (int64_t c = 0; c < d; ++c) {
-                    rowdot_0 += dO[c + d*(4*i_tile + n*(b*heads + h))] * O[c + d*(4*i_tile + n*(b*heads + h))];
-                    rowdot_1 += dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] * O[c + d*(4*i_tile + n*(b*heads + h) + 1)];
-                    rowdot_2 += dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] * O[c + d*(4*i_tile + n*(b*heads + h) + 2)];
-                    rowdot_3 += dO[c + d*(4*i_tile + n*(b*heads + h) + 3)] * O[c + d*(4*i_tile + n*(b*heads + h) + 3)];
+                    rowdot_0 += dO[dO_row0 + c] * O[c + d*(4*i_tile + n*(b*heads + h))];
+                    rowdot_1 += dO[dO_row1 + c] * O[c + d*(4*i_tile + n*(b*heads + h) + 1)];
+                    rowdot_2 += dO[dO_row2 + c] * O[c + d*(4*i_tile + n*(b*heads + h) + 2)];
+                    rowdot_3 += dO[dO_row3 + c] * O[c + d*(4*i_tile + n*(b*heads + h) + 3)];
                 }
                 delta[4*i_tile + n*(b*heads + h)] = rowdot_0;
                 delta[4*i_tile + n*(b*heads + h) + 1] = rowdot_1;
@@ -852,43 +819,14 @@ void attention_fwdbwd_causal_owner_f32(
             }
         }
     }
-    /* forward.edge: from the DNF
-     * O[b, h, i, c] = sum[j2 < n](
-     *                     exp(
-     *                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
-     *                         - max[j3 < n](
-     *                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K)) if i >= j3 else -inf)
-     *                         )
-     *                     )
-     *                     / sum[j4 < n](
-     *                         exp(
-     *                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K)) if i >= j4 else -inf)
-     *                             - max[j5 < n](
-     *                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K)) if i >= j5 else -inf)
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j2 c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j6 < n](
-     *                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K)) if i >= j6 else -inf)
-     *                )
-     *                + log(
-     *                    sum[j7 < n](
-     *                        exp(
-     *                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K)) if i >= j7 else -inf)
-     *                            - max[j8 < n](
-     *                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K)) if i >= j8 else -inf)
-     *                            )
-     *                        )
-     *                    )
-     *                )
-     * delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
+    /* forward.edge: writes O, lse; reads Q, K, V, dO; scratch probs, delta
+     * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 4*((n) / 4); i < n; ++i) {
+                const int64_t dO_row = d*(i + n*(b*heads + h));
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0f;
@@ -897,10 +835,11 @@ void attention_fwdbwd_causal_owner_f32(
                 float row_sum = 0.0f;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = d*(j + n*(b*heads + h));
                         float qk = 0.0f;
                         #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < d; ++c) {
-                            qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                            qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
                         }
                         probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? scale * qk : -INFINITY);
                     }
@@ -926,18 +865,21 @@ void attention_fwdbwd_causal_owner_f32(
                         O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale;
                     }
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+                        const int64_t V_row0 = d*(2*j_tile + n*(b*heads + h));
+                        const int64_t V_row1 = d*(2*j_tile + n*(b*heads + h) + 1);
                         const float t_0 = probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
                         const float t_1 = probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(i + n*(b*heads + h))] += t_0 * V[c + d*(2*j_tile + n*(b*heads + h))] + t_1 * V[c + d*(2*j_tile + n*(b*heads + h) + 1)];
+                            O[c + d*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c];
                         }
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t V_row = d*(j + n*(b*heads + h));
                         const float t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+                            O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
                         }
                     }
                     row_max = new_max;
@@ -950,56 +892,32 @@ void attention_fwdbwd_causal_owner_f32(
                 float rowdot = 0.0f;
                 #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
-                    rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+                    rowdot += dO[dO_row + c] * O[c + d*(i + n*(b*heads + h))];
                 }
                 delta[i + n*(b*heads + h)] = rowdot;
             }
         }
     }
-    /* dQ.zero: from the DNF
-     * dQ = 0
+    /* dQ.zero: scratch dQ_part
+     * for b, h, j_part (parallel) / i / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j_part = 0; j_part < 1; ++j_part) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dQ_part_row = d*(i + n*(h + heads*(b + batch*j_part)));
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        dQ_part[c + d*(i + n*(h + heads*(b + batch*j_part)))] = 0.0f;
+                        dQ_part[dQ_part_row + c] = 0.0f;
                     }
                 }
             }
         }
     }
-    /* keys: from the DNF
-     * dQ[b, h, i, c] = sum[j9 < n](
-     *                      scale
-     *                      * exp(
-     *                          (scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K)) if i >= j9 else -inf)
-     *                          - (<b h i> psi lse)
-     *                      )
-     *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
-     *                      - (<b h i> psi delta))
-     *                      * (<b h j9 c> psi K)
-     *                  )
-     * dK[b, h, j, c] = sum[i2 < n](
-     *                      scale
-     *                      * exp(
-     *                          (scale * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K)) if i2 >= j else -inf)
-     *                          - (<b h i2> psi lse)
-     *                      )
-     *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
-     *                      - (<b h i2> psi delta))
-     *                      * (<b h i2 c> psi Q)
-     *                  )
-     * dV[b, h, j, c] = sum[i3 < n](
-     *                      exp(
-     *                          (scale * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K)) if i3 >= j else -inf)
-     *                          - (<b h i3> psi lse)
-     *                      )
-     *                      * (<b h i3 c> psi dO)
-     *                  )
+    /* keys: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, delta
+     * for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
+     *     i, i (simd), i_tile / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1022,16 +940,18 @@ void attention_fwdbwd_causal_owner_f32(
                     for (int64_t i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
                         for (int64_t j_in_tile = 16*j_in_tile_blk; j_in_tile < (16*j_in_tile_blk + 16 < ((-j_part + n) / 4) ? 16*j_in_tile_blk + 16 : ((-j_part + n) / 4)); ++j_in_tile) {
                             for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-                                float qk_02 = 0.0f;
-                                float qk_12 = 0.0f;
-                                float qk_22 = 0.0f;
-                                float qk_32 = 0.0f;
-                                #pragma omp simd reduction(+:qk_02, qk_12, qk_22, qk_32)
+                                const int64_t Q_row = d*(i + n*(b*heads + h));
+                                const int64_t dO_row = d*(i + n*(b*heads + h));
+                                float qk_0b = 0.0f;
+                                float qk_1b = 0.0f;
+                                float qk_2b = 0.0f;
+                                float qk_3b = 0.0f;
+                                #pragma omp simd reduction(+:qk_0b, qk_1b, qk_2b, qk_3b)
                                 for (int64_t c = 0; c < d; ++c) {
-                                    qk_02 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))];
-                                    qk_12 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)];
-                                    qk_22 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)];
-                                    qk_32 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
+                                    qk_0b += Q[Q_row + c] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))];
+                                    qk_1b += Q[Q_row + c] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)];
+                                    qk_2b += Q[Q_row + c] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)];
+                                    qk_3b += Q[Q_row + c] * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
                                 }
                                 float dov_0 = 0.0f;
                                 float dov_1 = 0.0f;
@@ -1039,15 +959,15 @@ void attention_fwdbwd_causal_owner_f32(
                                 float dov_3 = 0.0f;
                                 #pragma omp simd reduction(+:dov_0, dov_1, dov_2, dov_3)
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dov_0 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h))];
-                                    dov_1 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)];
-                                    dov_2 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)];
-                                    dov_3 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
+                                    dov_0 += dO[dO_row + c] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h))];
+                                    dov_1 += dO[dO_row + c] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)];
+                                    dov_2 += dO[dO_row + c] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)];
+                                    dov_3 += dO[dO_row + c] * V[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
                                 }
-                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = qk_02;
-                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = qk_12;
-                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128] = qk_22;
-                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192] = qk_32;
+                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = qk_0b;
+                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = qk_1b;
+                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128] = qk_2b;
+                                qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192] = qk_3b;
                                 dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = dov_0;
                                 dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = dov_1;
                                 dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128] = dov_2;
@@ -1055,32 +975,38 @@ void attention_fwdbwd_causal_owner_f32(
                             }
                             #pragma omp simd
                             for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-                                float qk_02 = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
-                                float qk_12 = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
-                                float qk_22 = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128];
-                                float qk_32 = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192];
+                                float qk_0b = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
+                                float qk_1b = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
+                                float qk_2b = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128];
+                                float qk_3b = qk_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192];
                                 float dov_0 = dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
                                 float dov_1 = dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
                                 float dov_2 = dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128];
                                 float dov_3 = dov_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192];
-                                const float t3_02 = expf((i >= 4*j_in_tile + j_part ? scale * qk_02 : -INFINITY) - lse[i + n*(b*heads + h)]);
-                                const float t3_12 = expf((i >= 4*j_in_tile + j_part + 1 ? scale * qk_12 : -INFINITY) - lse[i + n*(b*heads + h)]);
-                                const float t3_2 = expf((i >= 4*j_in_tile + j_part + 2 ? scale * qk_22 : -INFINITY) - lse[i + n*(b*heads + h)]);
-                                const float t3_3 = expf((i >= 4*j_in_tile + j_part + 3 ? scale * qk_32 : -INFINITY) - lse[i + n*(b*heads + h)]);
-                                const float t2_02 = scale * t3_02 * (dov_0 - delta[i + n*(b*heads + h)]);
-                                const float t2_12 = scale * t3_12 * (dov_1 - delta[i + n*(b*heads + h)]);
+                                const float t3_0b = expf((i >= 4*j_in_tile + j_part ? scale * qk_0b : -INFINITY) - lse[i + n*(b*heads + h)]);
+                                const float t3_1b = expf((i >= 4*j_in_tile + j_part + 1 ? scale * qk_1b : -INFINITY) - lse[i + n*(b*heads + h)]);
+                                const float t3_2 = expf((i >= 4*j_in_tile + j_part + 2 ? scale * qk_2b : -INFINITY) - lse[i + n*(b*heads + h)]);
+                                const float t3_3 = expf((i >= 4*j_in_tile + j_part + 3 ? scale * qk_3b : -INFINITY) - lse[i + n*(b*heads + h)]);
+                                const float t2_0b = scale * t3_0b * (dov_0 - delta[i + n*(b*heads + h)]);
+                                const float t2_1b = scale * t3_1b * (dov_1 - delta[i + n*(b*heads + h)]);
                                 const float t2_2 = scale * t3_2 * (dov_2 - delta[i + n*(b*heads + h)]);
                                 const float t2_3 = scale * t3_3 * (dov_3 - delta[i + n*(b*heads + h)]);
-                                t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = t3_02;
-                                t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = t3_12;
+                                t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = t3_0b;
+                                t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = t3_1b;
                                 t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128] = t3_2;
                                 t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192] = t3_3;
-                                t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = t2_02;
-                                t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = t2_12;
+                                t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)] = t2_0b;
+                                t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64] = t2_1b;
                                 t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128] = t2_2;
                                 t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192] = t2_3;
                             }
                             for (int64_t i_tile = 32*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 2); ++i_tile) {
+                                const int64_t dQ_part_row0 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)));
+                                const int64_t dQ_part_row1 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1);
+                                const int64_t Q_row0 = d*(2*i_tile + n*(b*heads + h));
+                                const int64_t Q_row1 = d*(2*i_tile + n*(b*heads + h) + 1);
+                                const int64_t dO_row0 = d*(2*i_tile + n*(b*heads + h));
+                                const int64_t dO_row1 = d*(2*i_tile + n*(b*heads + h) + 1);
                                 const float t3_0_0 = t3_block[-64*i_blk + 2*i_tile + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
                                 const float t3_0_1 = t3_block[-64*i_blk + 2*i_tile + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
                                 const float t3_0_2 = t3_block[-64*i_blk + 2*i_tile + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128];
@@ -1099,50 +1025,53 @@ void attention_fwdbwd_causal_owner_f32(
                                 const float t2_1_3 = t2_block[-64*i_blk + 2*i_tile + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 193];
                                 #pragma omp simd
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dQ_part[c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)))] += t2_0_0 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] + t2_0_1 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] + t2_0_2 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] + t2_0_3 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
-                                    dQ_part[c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)] += t2_1_0 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] + t2_1_1 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] + t2_1_2 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] + t2_1_3 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
+                                    dQ_part[dQ_part_row0 + c] += t2_0_0 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] + t2_0_1 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] + t2_0_2 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] + t2_0_3 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
+                                    dQ_part[dQ_part_row1 + c] += t2_1_0 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] + t2_1_1 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] + t2_1_2 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] + t2_1_3 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
                                 }
                                 #pragma omp simd
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t2_0_0 * Q[c + d*(2*i_tile + n*(b*heads + h))] + t2_1_0 * Q[c + d*(2*i_tile + n*(b*heads + h) + 1)];
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t2_0_1 * Q[c + d*(2*i_tile + n*(b*heads + h))] + t2_1_1 * Q[c + d*(2*i_tile + n*(b*heads + h) + 1)];
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t2_0_2 * Q[c + d*(2*i_tile + n*(b*heads + h))] + t2_1_2 * Q[c + d*(2*i_tile + n*(b*heads + h) + 1)];
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t2_0_3 * Q[c + d*(2*i_tile + n*(b*heads + h))] + t2_1_3 * Q[c + d*(2*i_tile + n*(b*heads + h) + 1)];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t2_0_0 * Q[Q_row0 + c] + t2_1_0 * Q[Q_row1 + c];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t2_0_1 * Q[Q_row0 + c] + t2_1_1 * Q[Q_row1 + c];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t2_0_2 * Q[Q_row0 + c] + t2_1_2 * Q[Q_row1 + c];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t2_0_3 * Q[Q_row0 + c] + t2_1_3 * Q[Q_row1 + c];
                                 }
                                 #pragma omp simd
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t3_0_0 * dO[c + d*(2*i_tile + n*(b*heads + h))] + t3_1_0 * dO[c + d*(2*i_tile + n*(b*heads + h) + 1)];
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t3_0_1 * dO[c + d*(2*i_tile + n*(b*heads + h))] + t3_1_1 * dO[c + d*(2*i_tile + n*(b*heads + h) + 1)];
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t3_0_2 * dO[c + d*(2*i_tile + n*(b*heads + h))] + t3_1_2 * dO[c + d*(2*i_tile + n*(b*heads + h) + 1)];
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t3_0_3 * dO[c + d*(2*i_tile + n*(b*heads + h))] + t3_1_3 * dO[c + d*(2*i_tile + n*(b*heads + h) + 1)];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t3_0_0 * dO[dO_row0 + c] + t3_1_0 * dO[dO_row1 + c];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t3_0_1 * dO[dO_row0 + c] + t3_1_1 * dO[dO_row1 + c];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t3_0_2 * dO[dO_row0 + c] + t3_1_2 * dO[dO_row1 + c];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t3_0_3 * dO[dO_row0 + c] + t3_1_3 * dO[dO_row1 + c];
                                 }
                             }
                             for (int64_t i = 2*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 2); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-                                const float t3_02 = t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
-                                const float t3_12 = t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
+                                const int64_t Q_row = d*(i + n*(b*heads + h));
+                                const int64_t dO_row = d*(i + n*(b*heads + h));
+                                const int64_t dQ_part_row = d*(i + n*(h + heads*(b + batch*j_part)));
+                                const float t3_0b = t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
+                                const float t3_1b = t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
                                 const float t3_2 = t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128];
                                 const float t3_3 = t3_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192];
-                                const float t2_02 = t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
-                                const float t2_12 = t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
+                                const float t2_0b = t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
+                                const float t2_1b = t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
                                 const float t2_2 = t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128];
                                 const float t2_3 = t2_block[i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192];
                                 #pragma omp simd
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dQ_part[c + d*(i + n*(h + heads*(b + batch*j_part)))] += t2_02 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] + t2_12 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] + t2_2 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] + t2_3 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
+                                    dQ_part[dQ_part_row + c] += t2_0b * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] + t2_1b * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] + t2_2 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] + t2_3 * K[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)];
                                 }
                                 #pragma omp simd
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t2_02 * Q[c + d*(i + n*(b*heads + h))];
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t2_12 * Q[c + d*(i + n*(b*heads + h))];
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t2_2 * Q[c + d*(i + n*(b*heads + h))];
-                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t2_3 * Q[c + d*(i + n*(b*heads + h))];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t2_0b * Q[Q_row + c];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t2_1b * Q[Q_row + c];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t2_2 * Q[Q_row + c];
+                                    dK[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t2_3 * Q[Q_row + c];
                                 }
                                 #pragma omp simd
                                 for (int64_t c = 0; c < d; ++c) {
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t3_02 * dO[c + d*(i + n*(b*heads + h))];
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t3_12 * dO[c + d*(i + n*(b*heads + h))];
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t3_2 * dO[c + d*(i + n*(b*heads + h))];
-                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t3_3 * dO[c + d*(i + n*(b*heads + h))];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h))] += t3_0b * dO[dO_row + c];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)] += t3_1b * dO[dO_row + c];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)] += t3_2 * dO[dO_row + c];
+                                    dV[c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)] += t3_3 * dO[dO_row + c];
                                 }
                             }
                         }
@@ -1151,34 +1080,8 @@ void attention_fwdbwd_causal_owner_f32(
             }
         }
     }
-    /* keys.edge: from the DNF
-     * dQ[b, h, i, c] = sum[j9 < n](
-     *                      scale
-     *                      * exp(
-     *                          (scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K)) if i >= j9 else -inf)
-     *                          - (<b h i> psi lse)
-     *                      )
-     *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
-     *                      - (<b h i> psi delta))
-     *                      * (<b h j9 c> psi K)
-     *                  )
-     * dK[b, h, j, c] = sum[i2 < n](
-     *                      scale
-     *                      * exp(
-     *                          (scale * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K)) if i2 >= j else -inf)
-     *                          - (<b h i2> psi lse)
-     *                      )
-     *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
-     *                      - (<b h i2> psi delta))
-     *                      * (<b h i2 c> psi Q)
-     *                  )
-     * dV[b, h, j, c] = sum[i3 < n](
-     *                      exp(
-     *                          (scale * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K)) if i3 >= j else -inf)
-     *                          - (<b h i3> psi lse)
-     *                      )
-     *                      * (<b h i3 c> psi dO)
-     *                  )
+    /* keys.edge: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, delta
+     * for b, h, j_part (parallel) / j_in / c (simd), i_blk / i, i (simd), i_tile / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1192,15 +1095,17 @@ void attention_fwdbwd_causal_owner_f32(
                     }
                     for (int64_t i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
                         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
+                            const int64_t Q_row = d*(i + n*(b*heads + h));
+                            const int64_t dO_row = d*(i + n*(b*heads + h));
                             float qk = 0.0f;
                             #pragma omp simd reduction(+:qk)
                             for (int64_t c = 0; c < d; ++c) {
-                                qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j_in + j_part + n*(b*heads + h))];
+                                qk += Q[Q_row + c] * K[c + d*(j_in + j_part + n*(b*heads + h))];
                             }
                             float dov = 0.0f;
                             #pragma omp simd reduction(+:dov)
                             for (int64_t c = 0; c < d; ++c) {
-                                dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j_in + j_part + n*(b*heads + h))];
+                                dov += dO[dO_row + c] * V[c + d*(j_in + j_part + n*(b*heads + h))];
                             }
                             qk_block[i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)] = qk;
                             dov_block[i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)] = dov;
@@ -1215,38 +1120,47 @@ void attention_fwdbwd_causal_owner_f32(
                             t2_block[i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)] = t2;
                         }
                         for (int64_t i_tile = 32*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 2); ++i_tile) {
+                            const int64_t dQ_part_row0 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)));
+                            const int64_t dQ_part_row1 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1);
+                            const int64_t Q_row0 = d*(2*i_tile + n*(b*heads + h));
+                            const int64_t Q_row1 = d*(2*i_tile + n*(b*heads + h) + 1);
+                            const int64_t dO_row0 = d*(2*i_tile + n*(b*heads + h));
+                            const int64_t dO_row1 = d*(2*i_tile + n*(b*heads + h) + 1);
                             const float t3_0 = t3_block[-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h)];
                             const float t3_1 = t3_block[-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h) + 1];
                             const float t2_0 = t2_block[-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h)];
                             const float t2_1 = t2_block[-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h) + 1];
                             #pragma omp simd
                             for (int64_t c = 0; c < d; ++c) {
-                                dQ_part[c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)))] += t2_0 * K[c + d*(j_in + j_part + n*(b*heads + h))];
-                                dQ_part[c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)] += t2_1 * K[c + d*(j_in + j_part + n*(b*heads + h))];
+                                dQ_part[dQ_part_row0 + c] += t2_0 * K[c + d*(j_in + j_part + n*(b*heads + h))];
+                                dQ_part[dQ_part_row1 + c] += t2_1 * K[c + d*(j_in + j_part + n*(b*heads + h))];
                             }
                             #pragma omp simd
                             for (int64_t c = 0; c < d; ++c) {
-                                dK[c + d*(j_in + j_part + n*(b*heads + h))] += t2_0 * Q[c + d*(2*i_tile + n*(b*heads + h))] + t2_1 * Q[c + d*(2*i_tile + n*(b*heads + h) + 1)];
+                                dK[c + d*(j_in + j_part + n*(b*heads + h))] += t2_0 * Q[Q_row0 + c] + t2_1 * Q[Q_row1 + c];
                             }
                             #pragma omp simd
                             for (int64_t c = 0; c < d; ++c) {
-                                dV[c + d*(j_in + j_part + n*(b*heads + h))] += t3_0 * dO[c + d*(2*i_tile + n*(b*heads + h))] + t3_1 * dO[c + d*(2*i_tile + n*(b*heads + h) + 1)];
+                                dV[c + d*(j_in + j_part + n*(b*heads + h))] += t3_0 * dO[dO_row0 + c] + t3_1 * dO[dO_row1 + c];
                             }
                         }
                         for (int64_t i = 2*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 2); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
+                            const int64_t Q_row = d*(i + n*(b*heads + h));
+                            const int64_t dO_row = d*(i + n*(b*heads + h));
+                            const int64_t dQ_part_row = d*(i + n*(h + heads*(b + batch*j_part)));
                             const float t3 = t3_block[i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)];
                             const float t2 = t2_block[i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)];
                             #pragma omp simd
                             for (int64_t c = 0; c < d; ++c) {
-                                dQ_part[c + d*(i + n*(h + heads*(b + batch*j_part)))] += t2 * K[c + d*(j_in + j_part + n*(b*heads + h))];
+                                dQ_part[dQ_part_row + c] += t2 * K[c + d*(j_in + j_part + n*(b*heads + h))];
                             }
                             #pragma omp simd
                             for (int64_t c = 0; c < d; ++c) {
-                                dK[c + d*(j_in + j_part + n*(b*heads + h))] += t2 * Q[c + d*(i + n*(b*heads + h))];
+                                dK[c + d*(j_in + j_part + n*(b*heads + h))] += t2 * Q[Q_row + c];
                             }
                             #pragma omp simd
                             for (int64_t c = 0; c < d; ++c) {
-                                dV[c + d*(j_in + j_part + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];
+                                dV[c + d*(j_in + j_part + n*(b*heads + h))] += t3 * dO[dO_row + c];
                             }
                         }
                     }
@@ -1254,20 +1168,21 @@ void attention_fwdbwd_causal_owner_f32(
             }
         }
     }
-    /* dQ.merge: from the DNF
-     * dQ = the sum of its 1 parts
+    /* dQ.merge: writes dQ; scratch dQ_part
+     * for b, h, i (parallel) / c / j_part (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dQ_row = d*(i + n*(b*heads + h));
                 for (int64_t c = 0; c < d; ++c) {
                     float dQ_sum = 0.0f;
                     #pragma omp simd reduction(+:dQ_sum)
                     for (int64_t j_part = 0; j_part < 1; ++j_part) {
                         dQ_sum += dQ_part[c + d*(i + n*(h + heads*(b + batch*j_part)))];
                     }
-                    dQ[c + d*(i + n*(b*heads + h))] = dQ_sum;
+                    dQ[dQ_row + c] = dQ_sum;
                 }
             }
         }

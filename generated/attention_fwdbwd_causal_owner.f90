@@ -2,6 +2,68 @@
 ! Target cpu; schedule parameters rows=4 keys=2 parts=1.
 ! Schedule: accumulate(c, over=j, nest=O); scatter(dQ, over=j, outer=(b, h)); accumulate(c, over=i, nest=dK); accumulate(c, over=i, nest=dV); fuse(O, lse, delta, over=(b, h, i)); fuse(dK, dV, dQ, over=(b, h, j)); hoist(); online_softmax(forward, block=64); lower_reductions(); key_blocks(keys, i, 64); part_buffers(keys, j, dQ, 1); unroll_sum(forward, j, 2); unroll_jam(forward, i, 4); unroll_sum(keys, i, 2); unroll_jam(keys, j_in, 4); block_interchange(keys, j_in_tile, i_blk, 16); distribute(c); parallel(b, h, i_tile, nest=forward); parallel(b, h, j_part, nest=keys); parallel(b, h, j_part, nest=dQ.zero); parallel(b, h, i, nest=dQ.merge); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran attention_fwdbwd_causal --variant owner
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! O[b, h, i, c] = sum[j2 < n](
+!                     exp(
+!                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
+!                         - max[j3 < n](
+!                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K)) if i >= j3 else -inf)
+!                         )
+!                     )
+!                     / sum[j4 < n](
+!                         exp(
+!                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K)) if i >= j4 else -inf)
+!                             - max[j5 < n](
+!                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K)) if i >= j5 else -inf)
+!                             )
+!                         )
+!                     )
+!                     * (<b h j2 c> psi V)
+!                 )
+! lse[b, h, i] = max[j6 < n](
+!                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K)) if i >= j6 else -inf)
+!                )
+!                + log(
+!                    sum[j7 < n](
+!                        exp(
+!                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K)) if i >= j7 else -inf)
+!                            - max[j8 < n](
+!                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K)) if i >= j8 else -inf)
+!                            )
+!                        )
+!                    )
+!                )
+! delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
+! dQ = 0
+! dQ[b, h, i, c] = sum[j9 < n](
+!                      scale
+!                      * exp(
+!                          (scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K)) if i >= j9 else -inf)
+!                          - (<b h i> psi lse)
+!                      )
+!                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
+!                      - (<b h i> psi delta))
+!                      * (<b h j9 c> psi K)
+!                  )
+! dK[b, h, j, c] = sum[i2 < n](
+!                      scale
+!                      * exp(
+!                          (scale * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K)) if i2 >= j else -inf)
+!                          - (<b h i2> psi lse)
+!                      )
+!                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
+!                      - (<b h i2> psi delta))
+!                      * (<b h i2 c> psi Q)
+!                  )
+! dV[b, h, j, c] = sum[i3 < n](
+!                      exp(
+!                          (scale * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K)) if i3 >= j else -inf)
+!                          - (<b h i3> psi lse)
+!                      )
+!                      * (<b h i3 c> psi dO)
+!                  )
+! dQ = the sum of its 1 parts
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_negative_inf
@@ -32,62 +94,38 @@ contains
     real(c_double), intent(out) :: t2_block(0:batch * heads * n * 64 - 1)
     real(c_double), intent(out) :: dQ_part(0:1 * batch * heads * n * d - 1)
     integer(c_int64_t) :: b, h, i_tile, c, j_blk, j, j_tile, i, j_part, j_in_tile_blk, j_in_tile, &
-        & i_blk, j_in
+        & i_blk, j_in, dO_row0, dO_row1, dO_row2, dO_row3, K_row, V_row0, V_row1, V_row, dO_row, &
+        & dQ_part_row, Q_row, dQ_part_row0, dQ_part_row1, Q_row0, Q_row1, dQ_row
     real(c_double) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, &
         & row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, &
         & block_max_3, new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, &
         & rescale_2, rescale_3, block_sum_0, block_sum_1, block_sum_2, block_sum_3, t_0_0, t_0_1, &
-        & t_0_2, t_0_3, t_1_0, t_1_1, t_1_2, t_1_3, t_02, t_12, t_2, t_3, rowdot_0, rowdot_1, &
+        & t_0_2, t_0_3, t_1_0, t_1_1, t_1_2, t_1_3, t_0b, t_1b, t_2, t_3, rowdot_0, rowdot_1, &
         & rowdot_2, rowdot_3, row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t_0, &
-        & t_1, t, rowdot, qk_02, qk_12, qk_22, qk_32, dov_0, dov_1, dov_2, dov_3, t3_02, t3_12, &
-        & t3_2, t3_3, t2_02, t2_12, t2_2, t2_3, t3_0_0, t3_0_1, t3_0_2, t3_0_3, t3_1_0, t3_1_1, &
+        & t_1, t, rowdot, qk_0b, qk_1b, qk_2b, qk_3b, dov_0, dov_1, dov_2, dov_3, t3_0b, t3_1b, &
+        & t3_2, t3_3, t2_0b, t2_1b, t2_2, t2_3, t3_0_0, t3_0_1, t3_0_2, t3_0_3, t3_1_0, t3_1_1, &
         & t3_1_2, t3_1_3, t2_0_0, t2_0_1, t2_0_2, t2_0_3, t2_1_0, t2_1_1, t2_1_2, t2_1_3, dov, &
         & t3, t2, t3_0, t3_1, t2_0, t2_1, dQ_sum
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
 
-    ! forward: from the DNF
-    ! O[b, h, i, c] = sum[j2 < n](
-    !                     exp(
-    !                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
-    !                         - max[j3 < n](
-    !                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K)) if i >= j3 else -inf)
-    !                         )
-    !                     )
-    !                     / sum[j4 < n](
-    !                         exp(
-    !                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K)) if i >= j4 else -inf)
-    !                             - max[j5 < n](
-    !                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K)) if i >= j5 else -inf)
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j2 c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j6 < n](
-    !                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K)) if i >= j6 else -inf)
-    !                )
-    !                + log(
-    !                    sum[j7 < n](
-    !                        exp(
-    !                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K)) if i >= j7 else -inf)
-    !                            - max[j8 < n](
-    !                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K)) if i >= j8 else -inf)
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    ! delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, row_max_0, &
-    !$omp& row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, &
-    !$omp& qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, &
-    !$omp& new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
-    !$omp& block_sum_0, block_sum_1, block_sum_2, block_sum_3, t_0_0, t_0_1, t_0_2, t_0_3, t_1_0, &
-    !$omp& t_1_1, t_1_2, t_1_3, t_02, t_12, t_2, t_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3)
+    ! forward: writes O, lse; reads Q, K, V, dO; scratch probs, delta
+    ! for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, dO_row0, dO_row1, &
+    !$omp& dO_row2, dO_row3, K_row, V_row0, V_row1, V_row, row_max_0, row_max_1, row_max_2, &
+    !$omp& row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, &
+    !$omp& block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, new_max_1, new_max_2, &
+    !$omp& new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, block_sum_0, block_sum_1, &
+    !$omp& block_sum_2, block_sum_3, t_0_0, t_0_1, t_0_2, t_0_3, t_1_0, t_1_1, t_1_2, t_1_3, &
+    !$omp& t_0b, t_1b, t_2, t_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 4) - 1
+          dO_row0 = d*(4*i_tile + n*(b*heads + h))
+          dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1)
+          dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2)
+          dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3)
           !$omp simd
           do c = 0, d - 1
             O(c + d*(4*i_tile + n*(b*heads + h))) = 0.0_c_double
@@ -105,19 +143,17 @@ contains
           row_sum_3 = 0.0_c_double
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = d*(j + n*(b*heads + h))
               qk_0 = 0.0_c_double
               qk_1 = 0.0_c_double
               qk_2 = 0.0_c_double
               qk_3 = 0.0_c_double
               !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
               do c = 0, d - 1
-                qk_0 = qk_0 + Q(c + d*(4*i_tile + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
-                qk_1 = qk_1 + Q(c + d*(4*i_tile + n*(b*heads + h) + 1)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_2 = qk_2 + Q(c + d*(4*i_tile + n*(b*heads + h) + 2)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_3 = qk_3 + Q(c + d*(4*i_tile + n*(b*heads + h) + 3)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
+                qk_0 = qk_0 + Q(c + d*(4*i_tile + n*(b*heads + h))) * K(K_row + c)
+                qk_1 = qk_1 + Q(c + d*(4*i_tile + n*(b*heads + h) + 1)) * K(K_row + c)
+                qk_2 = qk_2 + Q(c + d*(4*i_tile + n*(b*heads + h) + 2)) * K(K_row + c)
+                qk_3 = qk_3 + Q(c + d*(4*i_tile + n*(b*heads + h) + 3)) * K(K_row + c)
               end do
               probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = merge(scale * qk_0, &
                   & neg_inf, 4*i_tile >= j)
@@ -190,6 +226,8 @@ contains
                   & 3)) * rescale_3
             end do
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
+              V_row0 = d*(2*j_tile + n*(b*heads + h))
+              V_row1 = d*(2*j_tile + n*(b*heads + h) + 1)
               t_0_0 = probs(256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
               t_0_1 = probs(256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64)
               t_0_2 = probs(256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128)
@@ -201,34 +239,31 @@ contains
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(4*i_tile + n*(b*heads + h))) = O(c + d*(4*i_tile + n*(b*heads + h))) + &
-                    & t_0_0 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_0 * V(c + d*(2*j_tile + &
-                    & n*(b*heads + h) + 1))
+                    & t_0_0 * V(V_row0 + c) + t_1_0 * V(V_row1 + c)
                 O(c + d*(4*i_tile + n*(b*heads + h) + 1)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 1)) + t_0_1 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_1 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 1)) + t_0_1 * V(V_row0 + c) + t_1_1 * V(V_row1 + c)
                 O(c + d*(4*i_tile + n*(b*heads + h) + 2)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 2)) + t_0_2 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_2 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 2)) + t_0_2 * V(V_row0 + c) + t_1_2 * V(V_row1 + c)
                 O(c + d*(4*i_tile + n*(b*heads + h) + 3)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 3)) + t_0_3 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_3 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 3)) + t_0_3 * V(V_row0 + c) + t_1_3 * V(V_row1 + c)
               end do
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
-              t_02 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_12 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
+              V_row = d*(j + n*(b*heads + h))
+              t_0b = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              t_1b = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
               t_2 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
               t_3 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(4*i_tile + n*(b*heads + h))) = O(c + d*(4*i_tile + n*(b*heads + h))) + &
-                    & t_02 * V(c + d*(j + n*(b*heads + h)))
+                    & t_0b * V(V_row + c)
                 O(c + d*(4*i_tile + n*(b*heads + h) + 1)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 1)) + t_12 * V(c + d*(j + n*(b*heads + h)))
+                    & 1)) + t_1b * V(V_row + c)
                 O(c + d*(4*i_tile + n*(b*heads + h) + 2)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 2)) + t_2 * V(c + d*(j + n*(b*heads + h)))
+                    & 2)) + t_2 * V(V_row + c)
                 O(c + d*(4*i_tile + n*(b*heads + h) + 3)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 3)) + t_3 * V(c + d*(j + n*(b*heads + h)))
+                    & 3)) + t_3 * V(V_row + c)
               end do
             end do
             row_max_0 = new_max_0
@@ -257,14 +292,10 @@ contains
           rowdot_3 = 0.0_c_double
           !$omp simd reduction(+:rowdot_0, rowdot_1, rowdot_2, rowdot_3)
           do c = 0, d - 1
-            rowdot_0 = rowdot_0 + dO(c + d*(4*i_tile + n*(b*heads + h))) * O(c + d*(4*i_tile + &
-                & n*(b*heads + h)))
-            rowdot_1 = rowdot_1 + dO(c + d*(4*i_tile + n*(b*heads + h) + 1)) * O(c + d*(4*i_tile &
-                & + n*(b*heads + h) + 1))
-            rowdot_2 = rowdot_2 + dO(c + d*(4*i_tile + n*(b*heads + h) + 2)) * O(c + d*(4*i_tile &
-                & + n*(b*heads + h) + 2))
-            rowdot_3 = rowdot_3 + dO(c + d*(4*i_tile + n*(b*heads + h) + 3)) * O(c + d*(4*i_tile &
-                & + n*(b*heads + h) + 3))
+            rowdot_0 = rowdot_0 + dO(dO_row0 + c) * O(c + d*(4*i_tile + n*(b*heads + h)))
+            rowdot_1 = rowdot_1 + dO(dO_row1 + c) * O(c + d*(4*i_tile + n*(b*heads + h) + 1))
+            rowdot_2 = rowdot_2 + dO(dO_row2 + c) * O(c + d*(4*i_tile + n*(b*heads + h) + 2))
+            rowdot_3 = rowdot_3 + dO(dO_row3 + c) * O(c + d*(4*i_tile + n*(b*heads + h) + 3))
           end do
           delta(4*i_tile + n*(b*heads + h)) = rowdot_0
           delta(4*i_tile + n*(b*heads + h) + 1) = rowdot_1
@@ -274,43 +305,15 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! forward.edge: from the DNF
-    ! O[b, h, i, c] = sum[j2 < n](
-    !                     exp(
-    !                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
-    !                         - max[j3 < n](
-    !                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K)) if i >= j3 else -inf)
-    !                         )
-    !                     )
-    !                     / sum[j4 < n](
-    !                         exp(
-    !                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K)) if i >= j4 else -inf)
-    !                             - max[j5 < n](
-    !                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K)) if i >= j5 else -inf)
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j2 c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j6 < n](
-    !                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K)) if i >= j6 else -inf)
-    !                )
-    !                + log(
-    !                    sum[j7 < n](
-    !                        exp(
-    !                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K)) if i >= j7 else -inf)
-    !                            - max[j8 < n](
-    !                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K)) if i >= j8 else -inf)
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    ! delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, row_max, row_sum, &
-    !$omp& qk, block_max, new_max, rescale, block_sum, t_0, t_1, t, rowdot)
+    ! forward.edge: writes O, lse; reads Q, K, V, dO; scratch probs, delta
+    ! for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, dO_row, K_row, &
+    !$omp& V_row0, V_row1, V_row, row_max, row_sum, qk, block_max, new_max, rescale, block_sum, &
+    !$omp& t_0, t_1, t, rowdot)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 4*((n) / 4), n - 1
+          dO_row = d*(i + n*(b*heads + h))
           !$omp simd
           do c = 0, d - 1
             O(c + d*(i + n*(b*heads + h))) = 0.0_c_double
@@ -319,10 +322,11 @@ contains
           row_sum = 0.0_c_double
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = d*(j + n*(b*heads + h))
               qk = 0.0_c_double
               !$omp simd reduction(+:qk)
               do c = 0, d - 1
-                qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+                qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
               end do
               probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = merge(scale * qk, neg_inf, i >= j)
             end do
@@ -349,21 +353,22 @@ contains
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) * rescale
             end do
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
+              V_row0 = d*(2*j_tile + n*(b*heads + h))
+              V_row1 = d*(2*j_tile + n*(b*heads + h) + 1)
               t_0 = probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
               t_1 = probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1)
               !$omp simd
               do c = 0, d - 1
-                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t_0 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h))) + t_1 * V(c + d*(2*j_tile + n*(b*heads + h) &
-                    & + 1))
+                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t_0 * V(V_row0 &
+                    & + c) + t_1 * V(V_row1 + c)
               end do
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
+              V_row = d*(j + n*(b*heads + h))
               t = probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
               !$omp simd
               do c = 0, d - 1
-                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j &
-                    & + n*(b*heads + h)))
+                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)
               end do
             end do
             row_max = new_max
@@ -376,60 +381,37 @@ contains
           rowdot = 0.0_c_double
           !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
-            rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
+            rowdot = rowdot + dO(dO_row + c) * O(c + d*(i + n*(b*heads + h)))
           end do
           delta(i + n*(b*heads + h)) = rowdot
         end do
       end do
     end do
     !$omp end parallel do
-    ! dQ.zero: from the DNF
-    ! dQ = 0
-    !$omp parallel do collapse(3) schedule(static) private(i, c)
+    ! dQ.zero: scratch dQ_part
+    ! for b, h, j_part (parallel) / i / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(i, c, dQ_part_row)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j_part = 0, 0
           do i = 0, n - 1
+            dQ_part_row = d*(i + n*(h + heads*(b + batch*j_part)))
             !$omp simd
             do c = 0, d - 1
-              dQ_part(c + d*(i + n*(h + heads*(b + batch*j_part)))) = 0.0_c_double
+              dQ_part(dQ_part_row + c) = 0.0_c_double
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! keys: from the DNF
-    ! dQ[b, h, i, c] = sum[j9 < n](
-    !                      scale
-    !                      * exp(
-    !                          (scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K)) if i >= j9 else -inf)
-    !                          - (<b h i> psi lse)
-    !                      )
-    !                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
-    !                      - (<b h i> psi delta))
-    !                      * (<b h j9 c> psi K)
-    !                  )
-    ! dK[b, h, j, c] = sum[i2 < n](
-    !                      scale
-    !                      * exp(
-    !                          (scale * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K)) if i2 >= j else -inf)
-    !                          - (<b h i2> psi lse)
-    !                      )
-    !                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
-    !                      - (<b h i2> psi delta))
-    !                      * (<b h i2 c> psi Q)
-    !                  )
-    ! dV[b, h, j, c] = sum[i3 < n](
-    !                      exp(
-    !                          (scale * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K)) if i3 >= j else -inf)
-    !                          - (<b h i3> psi lse)
-    !                      )
-    !                      * (<b h i3 c> psi dO)
-    !                  )
+    ! keys: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, delta
+    ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
+    !     i, i (simd), i_tile / c (simd)
     !$omp parallel do collapse(3) schedule(static) private(j_in_tile_blk, j_in_tile, c, i_blk, i, &
-    !$omp& i_tile, qk_02, qk_12, qk_22, qk_32, dov_0, dov_1, dov_2, dov_3, t3_02, t3_12, t3_2, &
-    !$omp& t3_3, t2_02, t2_12, t2_2, t2_3, t3_0_0, t3_0_1, t3_0_2, t3_0_3, t3_1_0, t3_1_1, &
+    !$omp& i_tile, Q_row, dO_row, dQ_part_row0, dQ_part_row1, Q_row0, Q_row1, dO_row0, dO_row1, &
+    !$omp& dQ_part_row, qk_0b, qk_1b, qk_2b, qk_3b, dov_0, dov_1, dov_2, dov_3, t3_0b, t3_1b, &
+    !$omp& t3_2, t3_3, t2_0b, t2_1b, t2_2, t2_3, t3_0_0, t3_0_1, t3_0_2, t3_0_3, t3_1_0, t3_1_1, &
     !$omp& t3_1_2, t3_1_3, t2_0_0, t2_0_1, t2_0_2, t2_0_3, t2_1_0, t2_1_1, t2_1_2, t2_1_3)
     do b = 0, batch - 1
       do h = 0, heads - 1
@@ -451,20 +433,21 @@ contains
             do i_blk = 0, ((n + 63) / 64) - 1
               do j_in_tile = 16*j_in_tile_blk, min(16*j_in_tile_blk + 16, ((-j_part + n) / 4)) - 1
                 do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
-                  qk_02 = 0.0_c_double
-                  qk_12 = 0.0_c_double
-                  qk_22 = 0.0_c_double
-                  qk_32 = 0.0_c_double
-                  !$omp simd reduction(+:qk_02, qk_12, qk_22, qk_32)
+                  Q_row = d*(i + n*(b*heads + h))
+                  dO_row = d*(i + n*(b*heads + h))
+                  qk_0b = 0.0_c_double
+                  qk_1b = 0.0_c_double
+                  qk_2b = 0.0_c_double
+                  qk_3b = 0.0_c_double
+                  !$omp simd reduction(+:qk_0b, qk_1b, qk_2b, qk_3b)
                   do c = 0, d - 1
-                    qk_02 = qk_02 + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h)))
-                    qk_12 = qk_12 + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h) + 1))
-                    qk_22 = qk_22 + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h) + 2))
-                    qk_32 = qk_32 + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h) + 3))
+                    qk_0b = qk_0b + Q(Q_row + c) * K(c + d*(4*j_in_tile + j_part + n*(b*heads + h)))
+                    qk_1b = qk_1b + Q(Q_row + c) * K(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h) + 1))
+                    qk_2b = qk_2b + Q(Q_row + c) * K(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h) + 2))
+                    qk_3b = qk_3b + Q(Q_row + c) * K(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h) + 3))
                   end do
                   dov_0 = 0.0_c_double
                   dov_1 = 0.0_c_double
@@ -472,22 +455,22 @@ contains
                   dov_3 = 0.0_c_double
                   !$omp simd reduction(+:dov_0, dov_1, dov_2, dov_3)
                   do c = 0, d - 1
-                    dov_0 = dov_0 + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h)))
-                    dov_1 = dov_1 + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h) + 1))
-                    dov_2 = dov_2 + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h) + 2))
-                    dov_3 = dov_3 + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h) + 3))
+                    dov_0 = dov_0 + dO(dO_row + c) * V(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h)))
+                    dov_1 = dov_1 + dO(dO_row + c) * V(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h) + 1))
+                    dov_2 = dov_2 + dO(dO_row + c) * V(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h) + 2))
+                    dov_3 = dov_3 + dO(dO_row + c) * V(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h) + 3))
                   end do
-                  qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = qk_02
+                  qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = qk_0b
                   qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64) = &
-                      & qk_12
+                      & qk_1b
                   qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128) = &
-                      & qk_22
+                      & qk_2b
                   qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192) = &
-                      & qk_32
+                      & qk_3b
                   dov_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = dov_0
                   dov_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64) = &
                       & dov_1
@@ -498,12 +481,12 @@ contains
                 end do
                 !$omp simd
                 do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
-                  qk_02 = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
-                  qk_12 = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
+                  qk_0b = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
+                  qk_1b = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
                       & + 64)
-                  qk_22 = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
+                  qk_2b = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
                       & + 128)
-                  qk_32 = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
+                  qk_3b = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
                       & + 192)
                   dov_0 = dov_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
                   dov_1 = dov_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
@@ -512,34 +495,40 @@ contains
                       & + 128)
                   dov_3 = dov_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
                       & + 192)
-                  t3_02 = exp(merge(scale * qk_02, neg_inf, i >= 4*j_in_tile + j_part) - lse(i + &
+                  t3_0b = exp(merge(scale * qk_0b, neg_inf, i >= 4*j_in_tile + j_part) - lse(i + &
                       & n*(b*heads + h)))
-                  t3_12 = exp(merge(scale * qk_12, neg_inf, i >= 4*j_in_tile + j_part + 1) - &
+                  t3_1b = exp(merge(scale * qk_1b, neg_inf, i >= 4*j_in_tile + j_part + 1) - &
                       & lse(i + n*(b*heads + h)))
-                  t3_2 = exp(merge(scale * qk_22, neg_inf, i >= 4*j_in_tile + j_part + 2) - lse(i &
+                  t3_2 = exp(merge(scale * qk_2b, neg_inf, i >= 4*j_in_tile + j_part + 2) - lse(i &
                       & + n*(b*heads + h)))
-                  t3_3 = exp(merge(scale * qk_32, neg_inf, i >= 4*j_in_tile + j_part + 3) - lse(i &
+                  t3_3 = exp(merge(scale * qk_3b, neg_inf, i >= 4*j_in_tile + j_part + 3) - lse(i &
                       & + n*(b*heads + h)))
-                  t2_02 = scale * t3_02 * (dov_0 - delta(i + n*(b*heads + h)))
-                  t2_12 = scale * t3_12 * (dov_1 - delta(i + n*(b*heads + h)))
+                  t2_0b = scale * t3_0b * (dov_0 - delta(i + n*(b*heads + h)))
+                  t2_1b = scale * t3_1b * (dov_1 - delta(i + n*(b*heads + h)))
                   t2_2 = scale * t3_2 * (dov_2 - delta(i + n*(b*heads + h)))
                   t2_3 = scale * t3_3 * (dov_3 - delta(i + n*(b*heads + h)))
-                  t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = t3_02
+                  t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = t3_0b
                   t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64) = &
-                      & t3_12
+                      & t3_1b
                   t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128) = &
                       & t3_2
                   t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192) = &
                       & t3_3
-                  t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = t2_02
+                  t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = t2_0b
                   t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64) = &
-                      & t2_12
+                      & t2_1b
                   t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128) = &
                       & t2_2
                   t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192) = &
                       & t2_3
                 end do
                 do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
+                  dQ_part_row0 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)))
+                  dQ_part_row1 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)
+                  Q_row0 = d*(2*i_tile + n*(b*heads + h))
+                  Q_row1 = d*(2*i_tile + n*(b*heads + h) + 1)
+                  dO_row0 = d*(2*i_tile + n*(b*heads + h))
+                  dO_row1 = d*(2*i_tile + n*(b*heads + h) + 1)
                   t3_0_0 = t3_block(-64*i_blk + 2*i_tile + 256*j_in_tile + 64*j_part + &
                       & 64*n*(b*heads + h))
                   t3_0_1 = t3_block(-64*i_blk + 2*i_tile + 256*j_in_tile + 64*j_part + &
@@ -588,14 +577,12 @@ contains
       193)
                   !$omp simd
                   do c = 0, d - 1
-                    dQ_part(c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)))) = dQ_part(c + &
-                        & d*(2*i_tile + n*(h + heads*(b + batch*j_part)))) + t2_0_0 * K(c + &
+                    dQ_part(dQ_part_row0 + c) = dQ_part(dQ_part_row0 + c) + t2_0_0 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h))) + t2_0_1 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_0_2 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_0_3 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3))
-                    dQ_part(c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)) = dQ_part(c &
-                        & + d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)) + t2_1_0 * K(c + &
+                    dQ_part(dQ_part_row1 + c) = dQ_part(dQ_part_row1 + c) + t2_1_0 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h))) + t2_1_1 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_1_2 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_1_3 * K(c + &
@@ -604,50 +591,47 @@ contains
                   !$omp simd
                   do c = 0, d - 1
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h))) = dK(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h))) + t2_0_0 * Q(c + d*(2*i_tile + n*(b*heads + &
-                        & h))) + t2_1_0 * Q(c + d*(2*i_tile + n*(b*heads + h) + 1))
+                        & j_part + n*(b*heads + h))) + t2_0_0 * Q(Q_row0 + c) + t2_1_0 * Q(Q_row1 &
+                        & + c)
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) = dK(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_0_1 * Q(c + &
-                        & d*(2*i_tile + n*(b*heads + h))) + t2_1_1 * Q(c + d*(2*i_tile + &
-                        & n*(b*heads + h) + 1))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_0_1 * Q(Q_row0 + &
+                        & c) + t2_1_1 * Q(Q_row1 + c)
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) = dK(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_0_2 * Q(c + &
-                        & d*(2*i_tile + n*(b*heads + h))) + t2_1_2 * Q(c + d*(2*i_tile + &
-                        & n*(b*heads + h) + 1))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_0_2 * Q(Q_row0 + &
+                        & c) + t2_1_2 * Q(Q_row1 + c)
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) = dK(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t2_0_3 * Q(c + &
-                        & d*(2*i_tile + n*(b*heads + h))) + t2_1_3 * Q(c + d*(2*i_tile + &
-                        & n*(b*heads + h) + 1))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t2_0_3 * Q(Q_row0 + &
+                        & c) + t2_1_3 * Q(Q_row1 + c)
                   end do
                   !$omp simd
                   do c = 0, d - 1
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h))) = dV(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h))) + t3_0_0 * dO(c + d*(2*i_tile + n*(b*heads + &
-                        & h))) + t3_1_0 * dO(c + d*(2*i_tile + n*(b*heads + h) + 1))
+                        & j_part + n*(b*heads + h))) + t3_0_0 * dO(dO_row0 + c) + t3_1_0 * &
+                        & dO(dO_row1 + c)
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) = dV(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t3_0_1 * dO(c + &
-                        & d*(2*i_tile + n*(b*heads + h))) + t3_1_1 * dO(c + d*(2*i_tile + &
-                        & n*(b*heads + h) + 1))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t3_0_1 * dO(dO_row0 + &
+                        & c) + t3_1_1 * dO(dO_row1 + c)
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) = dV(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t3_0_2 * dO(c + &
-                        & d*(2*i_tile + n*(b*heads + h))) + t3_1_2 * dO(c + d*(2*i_tile + &
-                        & n*(b*heads + h) + 1))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t3_0_2 * dO(dO_row0 + &
+                        & c) + t3_1_2 * dO(dO_row1 + c)
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) = dV(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t3_0_3 * dO(c + &
-                        & d*(2*i_tile + n*(b*heads + h))) + t3_1_3 * dO(c + d*(2*i_tile + &
-                        & n*(b*heads + h) + 1))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t3_0_3 * dO(dO_row0 + &
+                        & c) + t3_1_3 * dO(dO_row1 + c)
                   end do
                 end do
                 do i = 2*((min(n, 64*i_blk + 64)) / 2), min(n, 64*i_blk + 64) - 1
-                  t3_02 = t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
-                  t3_12 = t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
+                  Q_row = d*(i + n*(b*heads + h))
+                  dO_row = d*(i + n*(b*heads + h))
+                  dQ_part_row = d*(i + n*(h + heads*(b + batch*j_part)))
+                  t3_0b = t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
+                  t3_1b = t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
                       & + 64)
                   t3_2 = t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
                       & 128)
                   t3_3 = t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
                       & 192)
-                  t2_02 = t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
-                  t2_12 = t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
+                  t2_0b = t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
+                  t2_1b = t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
                       & + 64)
                   t2_2 = t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
                       & 128)
@@ -655,40 +639,33 @@ contains
                       & 192)
                   !$omp simd
                   do c = 0, d - 1
-                    dQ_part(c + d*(i + n*(h + heads*(b + batch*j_part)))) = dQ_part(c + d*(i + &
-                        & n*(h + heads*(b + batch*j_part)))) + t2_02 * K(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h))) + t2_12 * K(c + d*(4*j_in_tile + j_part + &
-                        & n*(b*heads + h) + 1)) + t2_2 * K(c + d*(4*j_in_tile + j_part + &
-                        & n*(b*heads + h) + 2)) + t2_3 * K(c + d*(4*j_in_tile + j_part + &
-                        & n*(b*heads + h) + 3))
+                    dQ_part(dQ_part_row + c) = dQ_part(dQ_part_row + c) + t2_0b * K(c + &
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h))) + t2_1b * K(c + &
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_2 * K(c + &
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_3 * K(c + &
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3))
                   end do
                   !$omp simd
                   do c = 0, d - 1
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h))) = dK(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h))) + t2_02 * Q(c + d*(i + n*(b*heads + h)))
+                        & j_part + n*(b*heads + h))) + t2_0b * Q(Q_row + c)
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) = dK(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_12 * Q(c + d*(i + &
-                        & n*(b*heads + h)))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_1b * Q(Q_row + c)
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) = dK(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_2 * Q(c + d*(i + &
-                        & n*(b*heads + h)))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_2 * Q(Q_row + c)
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) = dK(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t2_3 * Q(c + d*(i + &
-                        & n*(b*heads + h)))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t2_3 * Q(Q_row + c)
                   end do
                   !$omp simd
                   do c = 0, d - 1
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h))) = dV(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h))) + t3_02 * dO(c + d*(i + n*(b*heads + h)))
+                        & j_part + n*(b*heads + h))) + t3_0b * dO(dO_row + c)
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) = dV(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t3_12 * dO(c + d*(i + &
-                        & n*(b*heads + h)))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t3_1b * dO(dO_row + c)
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) = dV(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t3_2 * dO(c + d*(i + &
-                        & n*(b*heads + h)))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t3_2 * dO(dO_row + c)
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) = dV(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t3_3 * dO(c + d*(i + &
-                        & n*(b*heads + h)))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t3_3 * dO(dO_row + c)
                   end do
                 end do
               end do
@@ -698,36 +675,11 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! keys.edge: from the DNF
-    ! dQ[b, h, i, c] = sum[j9 < n](
-    !                      scale
-    !                      * exp(
-    !                          (scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K)) if i >= j9 else -inf)
-    !                          - (<b h i> psi lse)
-    !                      )
-    !                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
-    !                      - (<b h i> psi delta))
-    !                      * (<b h j9 c> psi K)
-    !                  )
-    ! dK[b, h, j, c] = sum[i2 < n](
-    !                      scale
-    !                      * exp(
-    !                          (scale * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K)) if i2 >= j else -inf)
-    !                          - (<b h i2> psi lse)
-    !                      )
-    !                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
-    !                      - (<b h i2> psi delta))
-    !                      * (<b h i2 c> psi Q)
-    !                  )
-    ! dV[b, h, j, c] = sum[i3 < n](
-    !                      exp(
-    !                          (scale * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K)) if i3 >= j else -inf)
-    !                          - (<b h i3> psi lse)
-    !                      )
-    !                      * (<b h i3 c> psi dO)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(j_in, c, i_blk, i, i_tile, qk, dov, &
-    !$omp& t3, t2, t3_0, t3_1, t2_0, t2_1)
+    ! keys.edge: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, delta
+    ! for b, h, j_part (parallel) / j_in / c (simd), i_blk / i, i (simd), i_tile / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(j_in, c, i_blk, i, i_tile, Q_row, &
+    !$omp& dO_row, dQ_part_row0, dQ_part_row1, Q_row0, Q_row1, dO_row0, dO_row1, dQ_part_row, qk, &
+    !$omp& dov, t3, t2, t3_0, t3_1, t2_0, t2_1)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j_part = 0, 0
@@ -739,17 +691,17 @@ contains
             end do
             do i_blk = 0, ((n + 63) / 64) - 1
               do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
+                Q_row = d*(i + n*(b*heads + h))
+                dO_row = d*(i + n*(b*heads + h))
                 qk = 0.0_c_double
                 !$omp simd reduction(+:qk)
                 do c = 0, d - 1
-                  qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j_in + j_part + n*(b*heads &
-                      & + h)))
+                  qk = qk + Q(Q_row + c) * K(c + d*(j_in + j_part + n*(b*heads + h)))
                 end do
                 dov = 0.0_c_double
                 !$omp simd reduction(+:dov)
                 do c = 0, d - 1
-                  dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j_in + j_part + &
-                      & n*(b*heads + h)))
+                  dov = dov + dO(dO_row + c) * V(c + d*(j_in + j_part + n*(b*heads + h)))
                 end do
                 qk_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = qk
                 dov_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = dov
@@ -764,50 +716,54 @@ contains
                 t2_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = t2
               end do
               do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
+                dQ_part_row0 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)))
+                dQ_part_row1 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)
+                Q_row0 = d*(2*i_tile + n*(b*heads + h))
+                Q_row1 = d*(2*i_tile + n*(b*heads + h) + 1)
+                dO_row0 = d*(2*i_tile + n*(b*heads + h))
+                dO_row1 = d*(2*i_tile + n*(b*heads + h) + 1)
                 t3_0 = t3_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h))
                 t3_1 = t3_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h) + 1)
                 t2_0 = t2_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h))
                 t2_1 = t2_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h) + 1)
                 !$omp simd
                 do c = 0, d - 1
-                  dQ_part(c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)))) = dQ_part(c + &
-                      & d*(2*i_tile + n*(h + heads*(b + batch*j_part)))) + t2_0 * K(c + d*(j_in + &
+                  dQ_part(dQ_part_row0 + c) = dQ_part(dQ_part_row0 + c) + t2_0 * K(c + d*(j_in + &
                       & j_part + n*(b*heads + h)))
-                  dQ_part(c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)) = dQ_part(c + &
-                      & d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)) + t2_1 * K(c + &
-                      & d*(j_in + j_part + n*(b*heads + h)))
+                  dQ_part(dQ_part_row1 + c) = dQ_part(dQ_part_row1 + c) + t2_1 * K(c + d*(j_in + &
+                      & j_part + n*(b*heads + h)))
                 end do
                 !$omp simd
                 do c = 0, d - 1
                   dK(c + d*(j_in + j_part + n*(b*heads + h))) = dK(c + d*(j_in + j_part + &
-                      & n*(b*heads + h))) + t2_0 * Q(c + d*(2*i_tile + n*(b*heads + h))) + t2_1 * &
-                      & Q(c + d*(2*i_tile + n*(b*heads + h) + 1))
+                      & n*(b*heads + h))) + t2_0 * Q(Q_row0 + c) + t2_1 * Q(Q_row1 + c)
                 end do
                 !$omp simd
                 do c = 0, d - 1
                   dV(c + d*(j_in + j_part + n*(b*heads + h))) = dV(c + d*(j_in + j_part + &
-                      & n*(b*heads + h))) + t3_0 * dO(c + d*(2*i_tile + n*(b*heads + h))) + t3_1 &
-                      & * dO(c + d*(2*i_tile + n*(b*heads + h) + 1))
+                      & n*(b*heads + h))) + t3_0 * dO(dO_row0 + c) + t3_1 * dO(dO_row1 + c)
                 end do
               end do
               do i = 2*((min(n, 64*i_blk + 64)) / 2), min(n, 64*i_blk + 64) - 1
+                Q_row = d*(i + n*(b*heads + h))
+                dO_row = d*(i + n*(b*heads + h))
+                dQ_part_row = d*(i + n*(h + heads*(b + batch*j_part)))
                 t3 = t3_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h))
                 t2 = t2_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h))
                 !$omp simd
                 do c = 0, d - 1
-                  dQ_part(c + d*(i + n*(h + heads*(b + batch*j_part)))) = dQ_part(c + d*(i + n*(h &
-                      & + heads*(b + batch*j_part)))) + t2 * K(c + d*(j_in + j_part + n*(b*heads &
-                      & + h)))
+                  dQ_part(dQ_part_row + c) = dQ_part(dQ_part_row + c) + t2 * K(c + d*(j_in + &
+                      & j_part + n*(b*heads + h)))
                 end do
                 !$omp simd
                 do c = 0, d - 1
                   dK(c + d*(j_in + j_part + n*(b*heads + h))) = dK(c + d*(j_in + j_part + &
-                      & n*(b*heads + h))) + t2 * Q(c + d*(i + n*(b*heads + h)))
+                      & n*(b*heads + h))) + t2 * Q(Q_row + c)
                 end do
                 !$omp simd
                 do c = 0, d - 1
                   dV(c + d*(j_in + j_part + n*(b*heads + h))) = dV(c + d*(j_in + j_part + &
-                      & n*(b*heads + h))) + t3 * dO(c + d*(i + n*(b*heads + h)))
+                      & n*(b*heads + h))) + t3 * dO(dO_row + c)
                 end do
               end do
             end do
@@ -816,19 +772,20 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dQ.merge: from the DNF
-    ! dQ = the sum of its 1 parts
-    !$omp parallel do collapse(3) schedule(static) private(c, j_part, dQ_sum)
+    ! dQ.merge: writes dQ; scratch dQ_part
+    ! for b, h, i (parallel) / c / j_part (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_part, dQ_row, dQ_sum)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dQ_row = d*(i + n*(b*heads + h))
           do c = 0, d - 1
             dQ_sum = 0.0_c_double
             !$omp simd reduction(+:dQ_sum)
             do j_part = 0, 0
               dQ_sum = dQ_sum + dQ_part(c + d*(i + n*(h + heads*(b + batch*j_part))))
             end do
-            dQ(c + d*(i + n*(b*heads + h))) = dQ_sum
+            dQ(dQ_row + c) = dQ_sum
           end do
         end do
       end do
@@ -858,62 +815,38 @@ contains
     real(c_float), intent(out) :: t2_block(0:batch * heads * n * 64 - 1)
     real(c_float), intent(out) :: dQ_part(0:1 * batch * heads * n * d - 1)
     integer(c_int64_t) :: b, h, i_tile, c, j_blk, j, j_tile, i, j_part, j_in_tile_blk, j_in_tile, &
-        & i_blk, j_in
+        & i_blk, j_in, dO_row0, dO_row1, dO_row2, dO_row3, K_row, V_row0, V_row1, V_row, dO_row, &
+        & dQ_part_row, Q_row, dQ_part_row0, dQ_part_row1, Q_row0, Q_row1, dQ_row
     real(c_float) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, &
         & row_sum_3, qk_0, qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, block_max_3, &
         & new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
         & block_sum_0, block_sum_1, block_sum_2, block_sum_3, t_0_0, t_0_1, t_0_2, t_0_3, t_1_0, &
-        & t_1_1, t_1_2, t_1_3, t_02, t_12, t_2, t_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3, &
+        & t_1_1, t_1_2, t_1_3, t_0b, t_1b, t_2, t_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3, &
         & row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t, rowdot, &
-        & qk_02, qk_12, qk_22, qk_32, dov_0, dov_1, dov_2, dov_3, t3_02, t3_12, t3_2, t3_3, &
-        & t2_02, t2_12, t2_2, t2_3, t3_0_0, t3_0_1, t3_0_2, t3_0_3, t3_1_0, t3_1_1, t3_1_2, &
+        & qk_0b, qk_1b, qk_2b, qk_3b, dov_0, dov_1, dov_2, dov_3, t3_0b, t3_1b, t3_2, t3_3, &
+        & t2_0b, t2_1b, t2_2, t2_3, t3_0_0, t3_0_1, t3_0_2, t3_0_3, t3_1_0, t3_1_1, t3_1_2, &
         & t3_1_3, t2_0_0, t2_0_1, t2_0_2, t2_0_3, t2_1_0, t2_1_1, t2_1_2, t2_1_3, dov, t3, t2, &
         & t3_0, t3_1, t2_0, t2_1, dQ_sum
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
 
-    ! forward: from the DNF
-    ! O[b, h, i, c] = sum[j2 < n](
-    !                     exp(
-    !                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
-    !                         - max[j3 < n](
-    !                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K)) if i >= j3 else -inf)
-    !                         )
-    !                     )
-    !                     / sum[j4 < n](
-    !                         exp(
-    !                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K)) if i >= j4 else -inf)
-    !                             - max[j5 < n](
-    !                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K)) if i >= j5 else -inf)
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j2 c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j6 < n](
-    !                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K)) if i >= j6 else -inf)
-    !                )
-    !                + log(
-    !                    sum[j7 < n](
-    !                        exp(
-    !                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K)) if i >= j7 else -inf)
-    !                            - max[j8 < n](
-    !                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K)) if i >= j8 else -inf)
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    ! delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, row_max_0, &
-    !$omp& row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, &
-    !$omp& qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, &
-    !$omp& new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
-    !$omp& block_sum_0, block_sum_1, block_sum_2, block_sum_3, t_0_0, t_0_1, t_0_2, t_0_3, t_1_0, &
-    !$omp& t_1_1, t_1_2, t_1_3, t_02, t_12, t_2, t_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3)
+    ! forward: writes O, lse; reads Q, K, V, dO; scratch probs, delta
+    ! for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, dO_row0, dO_row1, &
+    !$omp& dO_row2, dO_row3, K_row, V_row0, V_row1, V_row, row_max_0, row_max_1, row_max_2, &
+    !$omp& row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, &
+    !$omp& block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, new_max_1, new_max_2, &
+    !$omp& new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, block_sum_0, block_sum_1, &
+    !$omp& block_sum_2, block_sum_3, t_0_0, t_0_1, t_0_2, t_0_3, t_1_0, t_1_1, t_1_2, t_1_3, &
+    !$omp& t_0b, t_1b, t_2, t_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 4) - 1
+          dO_row0 = d*(4*i_tile + n*(b*heads + h))
+          dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1)
+          dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2)
+          dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3)
           !$omp simd
           do c = 0, d - 1
             O(c + d*(4*i_tile + n*(b*heads + h))) = 0.0_c_float
@@ -931,19 +864,17 @@ contains
           row_sum_3 = 0.0_c_float
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = d*(j + n*(b*heads + h))
               qk_0 = 0.0_c_float
               qk_1 = 0.0_c_float
               qk_2 = 0.0_c_float
               qk_3 = 0.0_c_float
               !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
               do c = 0, d - 1
-                qk_0 = qk_0 + Q(c + d*(4*i_tile + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
-                qk_1 = qk_1 + Q(c + d*(4*i_tile + n*(b*heads + h) + 1)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_2 = qk_2 + Q(c + d*(4*i_tile + n*(b*heads + h) + 2)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
-                qk_3 = qk_3 + Q(c + d*(4*i_tile + n*(b*heads + h) + 3)) * K(c + d*(j + n*(b*heads &
-                    & + h)))
+                qk_0 = qk_0 + Q(c + d*(4*i_tile + n*(b*heads + h))) * K(K_row + c)
+                qk_1 = qk_1 + Q(c + d*(4*i_tile + n*(b*heads + h) + 1)) * K(K_row + c)
+                qk_2 = qk_2 + Q(c + d*(4*i_tile + n*(b*heads + h) + 2)) * K(K_row + c)
+                qk_3 = qk_3 + Q(c + d*(4*i_tile + n*(b*heads + h) + 3)) * K(K_row + c)
               end do
               probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = merge(scale * qk_0, &
                   & neg_inf, 4*i_tile >= j)
@@ -1016,6 +947,8 @@ contains
                   & 3)) * rescale_3
             end do
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
+              V_row0 = d*(2*j_tile + n*(b*heads + h))
+              V_row1 = d*(2*j_tile + n*(b*heads + h) + 1)
               t_0_0 = probs(256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
               t_0_1 = probs(256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64)
               t_0_2 = probs(256*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128)
@@ -1027,34 +960,31 @@ contains
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(4*i_tile + n*(b*heads + h))) = O(c + d*(4*i_tile + n*(b*heads + h))) + &
-                    & t_0_0 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_0 * V(c + d*(2*j_tile + &
-                    & n*(b*heads + h) + 1))
+                    & t_0_0 * V(V_row0 + c) + t_1_0 * V(V_row1 + c)
                 O(c + d*(4*i_tile + n*(b*heads + h) + 1)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 1)) + t_0_1 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_1 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 1)) + t_0_1 * V(V_row0 + c) + t_1_1 * V(V_row1 + c)
                 O(c + d*(4*i_tile + n*(b*heads + h) + 2)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 2)) + t_0_2 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_2 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 2)) + t_0_2 * V(V_row0 + c) + t_1_2 * V(V_row1 + c)
                 O(c + d*(4*i_tile + n*(b*heads + h) + 3)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 3)) + t_0_3 * V(c + d*(2*j_tile + n*(b*heads + h))) + t_1_3 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h) + 1))
+                    & 3)) + t_0_3 * V(V_row0 + c) + t_1_3 * V(V_row1 + c)
               end do
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
-              t_02 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_12 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
+              V_row = d*(j + n*(b*heads + h))
+              t_0b = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              t_1b = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
               t_2 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
               t_3 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(4*i_tile + n*(b*heads + h))) = O(c + d*(4*i_tile + n*(b*heads + h))) + &
-                    & t_02 * V(c + d*(j + n*(b*heads + h)))
+                    & t_0b * V(V_row + c)
                 O(c + d*(4*i_tile + n*(b*heads + h) + 1)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 1)) + t_12 * V(c + d*(j + n*(b*heads + h)))
+                    & 1)) + t_1b * V(V_row + c)
                 O(c + d*(4*i_tile + n*(b*heads + h) + 2)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 2)) + t_2 * V(c + d*(j + n*(b*heads + h)))
+                    & 2)) + t_2 * V(V_row + c)
                 O(c + d*(4*i_tile + n*(b*heads + h) + 3)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 3)) + t_3 * V(c + d*(j + n*(b*heads + h)))
+                    & 3)) + t_3 * V(V_row + c)
               end do
             end do
             row_max_0 = new_max_0
@@ -1083,14 +1013,10 @@ contains
           rowdot_3 = 0.0_c_float
           !$omp simd reduction(+:rowdot_0, rowdot_1, rowdot_2, rowdot_3)
           do c = 0, d - 1
-            rowdot_0 = rowdot_0 + dO(c + d*(4*i_tile + n*(b*heads + h))) * O(c + d*(4*i_tile + &
-                & n*(b*heads + h)))
-            rowdot_1 = rowdot_1 + dO(c + d*(4*i_tile + n*(b*heads + h) + 1)) * O(c + d*(4*i_tile &
-                & + n*(b*heads + h) + 1))
-            rowdot_2 = rowdot_2 + dO(c + d*(4*i_tile + n*(b*heads + h) + 2)) * O(c + d*(4*i_tile &
-                & + n*(b*heads + h) + 2))
-            rowdot_3 = rowdot_3 + dO(c + d*(4*i_tile + n*(b*heads + h) + 3)) * O(c + d*(4*i_tile &
-                & + n*(b*heads + h) + 3))
+            rowdot_0 = rowdot_0 + dO(dO_row0 + c) * O(c + d*(4*i_tile + n*(b*heads + h)))
+            rowdot_1 = rowdot_1 + dO(dO_row1 + c) * O(c + d*(4*i_tile + n*(b*heads + h) + 1))
+            rowdot_2 = rowdot_2 + dO(dO_row2 + c) * O(c + d*(4*i_tile + n*(b*heads + h) + 2))
+            rowdot_3 = rowdot_3 + dO(dO_row3 + c) * O(c + d*(4*i_tile + n*(b*heads + h) + 3))
           end do
           delta(4*i_tile + n*(b*heads + h)) = rowdot_0
           delta(4*i_tile + n*(b*heads + h) + 1) = rowdot_1
@@ -1100,43 +1026,15 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! forward.edge: from the DNF
-    ! O[b, h, i, c] = sum[j2 < n](
-    !                     exp(
-    !                         (scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K)) if i >= j2 else -inf)
-    !                         - max[j3 < n](
-    !                             (scale * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K)) if i >= j3 else -inf)
-    !                         )
-    !                     )
-    !                     / sum[j4 < n](
-    !                         exp(
-    !                             (scale * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K)) if i >= j4 else -inf)
-    !                             - max[j5 < n](
-    !                                 (scale * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K)) if i >= j5 else -inf)
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j2 c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j6 < n](
-    !                    (scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K)) if i >= j6 else -inf)
-    !                )
-    !                + log(
-    !                    sum[j7 < n](
-    !                        exp(
-    !                            (scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K)) if i >= j7 else -inf)
-    !                            - max[j8 < n](
-    !                                (scale * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K)) if i >= j8 else -inf)
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    ! delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, row_max, row_sum, &
-    !$omp& qk, block_max, new_max, rescale, block_sum, t_0, t_1, t, rowdot)
+    ! forward.edge: writes O, lse; reads Q, K, V, dO; scratch probs, delta
+    ! for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, dO_row, K_row, &
+    !$omp& V_row0, V_row1, V_row, row_max, row_sum, qk, block_max, new_max, rescale, block_sum, &
+    !$omp& t_0, t_1, t, rowdot)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 4*((n) / 4), n - 1
+          dO_row = d*(i + n*(b*heads + h))
           !$omp simd
           do c = 0, d - 1
             O(c + d*(i + n*(b*heads + h))) = 0.0_c_float
@@ -1145,10 +1043,11 @@ contains
           row_sum = 0.0_c_float
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = d*(j + n*(b*heads + h))
               qk = 0.0_c_float
               !$omp simd reduction(+:qk)
               do c = 0, d - 1
-                qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
+                qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(K_row + c)
               end do
               probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = merge(scale * qk, neg_inf, i >= j)
             end do
@@ -1175,21 +1074,22 @@ contains
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) * rescale
             end do
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
+              V_row0 = d*(2*j_tile + n*(b*heads + h))
+              V_row1 = d*(2*j_tile + n*(b*heads + h) + 1)
               t_0 = probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
               t_1 = probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1)
               !$omp simd
               do c = 0, d - 1
-                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t_0 * V(c + &
-                    & d*(2*j_tile + n*(b*heads + h))) + t_1 * V(c + d*(2*j_tile + n*(b*heads + h) &
-                    & + 1))
+                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t_0 * V(V_row0 &
+                    & + c) + t_1 * V(V_row1 + c)
               end do
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
+              V_row = d*(j + n*(b*heads + h))
               t = probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
               !$omp simd
               do c = 0, d - 1
-                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j &
-                    & + n*(b*heads + h)))
+                O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(V_row + c)
               end do
             end do
             row_max = new_max
@@ -1202,60 +1102,37 @@ contains
           rowdot = 0.0_c_float
           !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
-            rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
+            rowdot = rowdot + dO(dO_row + c) * O(c + d*(i + n*(b*heads + h)))
           end do
           delta(i + n*(b*heads + h)) = rowdot
         end do
       end do
     end do
     !$omp end parallel do
-    ! dQ.zero: from the DNF
-    ! dQ = 0
-    !$omp parallel do collapse(3) schedule(static) private(i, c)
+    ! dQ.zero: scratch dQ_part
+    ! for b, h, j_part (parallel) / i / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(i, c, dQ_part_row)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j_part = 0, 0
           do i = 0, n - 1
+            dQ_part_row = d*(i + n*(h + heads*(b + batch*j_part)))
             !$omp simd
             do c = 0, d - 1
-              dQ_part(c + d*(i + n*(h + heads*(b + batch*j_part)))) = 0.0_c_float
+              dQ_part(dQ_part_row + c) = 0.0_c_float
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! keys: from the DNF
-    ! dQ[b, h, i, c] = sum[j9 < n](
-    !                      scale
-    !                      * exp(
-    !                          (scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K)) if i >= j9 else -inf)
-    !                          - (<b h i> psi lse)
-    !                      )
-    !                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
-    !                      - (<b h i> psi delta))
-    !                      * (<b h j9 c> psi K)
-    !                  )
-    ! dK[b, h, j, c] = sum[i2 < n](
-    !                      scale
-    !                      * exp(
-    !                          (scale * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K)) if i2 >= j else -inf)
-    !                          - (<b h i2> psi lse)
-    !                      )
-    !                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
-    !                      - (<b h i2> psi delta))
-    !                      * (<b h i2 c> psi Q)
-    !                  )
-    ! dV[b, h, j, c] = sum[i3 < n](
-    !                      exp(
-    !                          (scale * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K)) if i3 >= j else -inf)
-    !                          - (<b h i3> psi lse)
-    !                      )
-    !                      * (<b h i3 c> psi dO)
-    !                  )
+    ! keys: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, delta
+    ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
+    !     i, i (simd), i_tile / c (simd)
     !$omp parallel do collapse(3) schedule(static) private(j_in_tile_blk, j_in_tile, c, i_blk, i, &
-    !$omp& i_tile, qk_02, qk_12, qk_22, qk_32, dov_0, dov_1, dov_2, dov_3, t3_02, t3_12, t3_2, &
-    !$omp& t3_3, t2_02, t2_12, t2_2, t2_3, t3_0_0, t3_0_1, t3_0_2, t3_0_3, t3_1_0, t3_1_1, &
+    !$omp& i_tile, Q_row, dO_row, dQ_part_row0, dQ_part_row1, Q_row0, Q_row1, dO_row0, dO_row1, &
+    !$omp& dQ_part_row, qk_0b, qk_1b, qk_2b, qk_3b, dov_0, dov_1, dov_2, dov_3, t3_0b, t3_1b, &
+    !$omp& t3_2, t3_3, t2_0b, t2_1b, t2_2, t2_3, t3_0_0, t3_0_1, t3_0_2, t3_0_3, t3_1_0, t3_1_1, &
     !$omp& t3_1_2, t3_1_3, t2_0_0, t2_0_1, t2_0_2, t2_0_3, t2_1_0, t2_1_1, t2_1_2, t2_1_3)
     do b = 0, batch - 1
       do h = 0, heads - 1
@@ -1277,20 +1154,21 @@ contains
             do i_blk = 0, ((n + 63) / 64) - 1
               do j_in_tile = 16*j_in_tile_blk, min(16*j_in_tile_blk + 16, ((-j_part + n) / 4)) - 1
                 do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
-                  qk_02 = 0.0_c_float
-                  qk_12 = 0.0_c_float
-                  qk_22 = 0.0_c_float
-                  qk_32 = 0.0_c_float
-                  !$omp simd reduction(+:qk_02, qk_12, qk_22, qk_32)
+                  Q_row = d*(i + n*(b*heads + h))
+                  dO_row = d*(i + n*(b*heads + h))
+                  qk_0b = 0.0_c_float
+                  qk_1b = 0.0_c_float
+                  qk_2b = 0.0_c_float
+                  qk_3b = 0.0_c_float
+                  !$omp simd reduction(+:qk_0b, qk_1b, qk_2b, qk_3b)
                   do c = 0, d - 1
-                    qk_02 = qk_02 + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h)))
-                    qk_12 = qk_12 + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h) + 1))
-                    qk_22 = qk_22 + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h) + 2))
-                    qk_32 = qk_32 + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h) + 3))
+                    qk_0b = qk_0b + Q(Q_row + c) * K(c + d*(4*j_in_tile + j_part + n*(b*heads + h)))
+                    qk_1b = qk_1b + Q(Q_row + c) * K(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h) + 1))
+                    qk_2b = qk_2b + Q(Q_row + c) * K(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h) + 2))
+                    qk_3b = qk_3b + Q(Q_row + c) * K(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h) + 3))
                   end do
                   dov_0 = 0.0_c_float
                   dov_1 = 0.0_c_float
@@ -1298,22 +1176,22 @@ contains
                   dov_3 = 0.0_c_float
                   !$omp simd reduction(+:dov_0, dov_1, dov_2, dov_3)
                   do c = 0, d - 1
-                    dov_0 = dov_0 + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h)))
-                    dov_1 = dov_1 + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h) + 1))
-                    dov_2 = dov_2 + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h) + 2))
-                    dov_3 = dov_3 + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h) + 3))
+                    dov_0 = dov_0 + dO(dO_row + c) * V(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h)))
+                    dov_1 = dov_1 + dO(dO_row + c) * V(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h) + 1))
+                    dov_2 = dov_2 + dO(dO_row + c) * V(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h) + 2))
+                    dov_3 = dov_3 + dO(dO_row + c) * V(c + d*(4*j_in_tile + j_part + n*(b*heads + &
+                        & h) + 3))
                   end do
-                  qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = qk_02
+                  qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = qk_0b
                   qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64) = &
-                      & qk_12
+                      & qk_1b
                   qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128) = &
-                      & qk_22
+                      & qk_2b
                   qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192) = &
-                      & qk_32
+                      & qk_3b
                   dov_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = dov_0
                   dov_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64) = &
                       & dov_1
@@ -1324,12 +1202,12 @@ contains
                 end do
                 !$omp simd
                 do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
-                  qk_02 = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
-                  qk_12 = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
+                  qk_0b = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
+                  qk_1b = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
                       & + 64)
-                  qk_22 = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
+                  qk_2b = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
                       & + 128)
-                  qk_32 = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
+                  qk_3b = qk_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
                       & + 192)
                   dov_0 = dov_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
                   dov_1 = dov_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
@@ -1338,34 +1216,40 @@ contains
                       & + 128)
                   dov_3 = dov_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
                       & + 192)
-                  t3_02 = exp(merge(scale * qk_02, neg_inf, i >= 4*j_in_tile + j_part) - lse(i + &
+                  t3_0b = exp(merge(scale * qk_0b, neg_inf, i >= 4*j_in_tile + j_part) - lse(i + &
                       & n*(b*heads + h)))
-                  t3_12 = exp(merge(scale * qk_12, neg_inf, i >= 4*j_in_tile + j_part + 1) - &
+                  t3_1b = exp(merge(scale * qk_1b, neg_inf, i >= 4*j_in_tile + j_part + 1) - &
                       & lse(i + n*(b*heads + h)))
-                  t3_2 = exp(merge(scale * qk_22, neg_inf, i >= 4*j_in_tile + j_part + 2) - lse(i &
+                  t3_2 = exp(merge(scale * qk_2b, neg_inf, i >= 4*j_in_tile + j_part + 2) - lse(i &
                       & + n*(b*heads + h)))
-                  t3_3 = exp(merge(scale * qk_32, neg_inf, i >= 4*j_in_tile + j_part + 3) - lse(i &
+                  t3_3 = exp(merge(scale * qk_3b, neg_inf, i >= 4*j_in_tile + j_part + 3) - lse(i &
                       & + n*(b*heads + h)))
-                  t2_02 = scale * t3_02 * (dov_0 - delta(i + n*(b*heads + h)))
-                  t2_12 = scale * t3_12 * (dov_1 - delta(i + n*(b*heads + h)))
+                  t2_0b = scale * t3_0b * (dov_0 - delta(i + n*(b*heads + h)))
+                  t2_1b = scale * t3_1b * (dov_1 - delta(i + n*(b*heads + h)))
                   t2_2 = scale * t3_2 * (dov_2 - delta(i + n*(b*heads + h)))
                   t2_3 = scale * t3_3 * (dov_3 - delta(i + n*(b*heads + h)))
-                  t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = t3_02
+                  t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = t3_0b
                   t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64) = &
-                      & t3_12
+                      & t3_1b
                   t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128) = &
                       & t3_2
                   t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192) = &
                       & t3_3
-                  t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = t2_02
+                  t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h)) = t2_0b
                   t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64) = &
-                      & t2_12
+                      & t2_1b
                   t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 128) = &
                       & t2_2
                   t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 192) = &
                       & t2_3
                 end do
                 do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
+                  dQ_part_row0 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)))
+                  dQ_part_row1 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)
+                  Q_row0 = d*(2*i_tile + n*(b*heads + h))
+                  Q_row1 = d*(2*i_tile + n*(b*heads + h) + 1)
+                  dO_row0 = d*(2*i_tile + n*(b*heads + h))
+                  dO_row1 = d*(2*i_tile + n*(b*heads + h) + 1)
                   t3_0_0 = t3_block(-64*i_blk + 2*i_tile + 256*j_in_tile + 64*j_part + &
                       & 64*n*(b*heads + h))
                   t3_0_1 = t3_block(-64*i_blk + 2*i_tile + 256*j_in_tile + 64*j_part + &
@@ -1414,14 +1298,12 @@ contains
       193)
                   !$omp simd
                   do c = 0, d - 1
-                    dQ_part(c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)))) = dQ_part(c + &
-                        & d*(2*i_tile + n*(h + heads*(b + batch*j_part)))) + t2_0_0 * K(c + &
+                    dQ_part(dQ_part_row0 + c) = dQ_part(dQ_part_row0 + c) + t2_0_0 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h))) + t2_0_1 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_0_2 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_0_3 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3))
-                    dQ_part(c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)) = dQ_part(c &
-                        & + d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)) + t2_1_0 * K(c + &
+                    dQ_part(dQ_part_row1 + c) = dQ_part(dQ_part_row1 + c) + t2_1_0 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h))) + t2_1_1 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_1_2 * K(c + &
                         & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_1_3 * K(c + &
@@ -1430,50 +1312,47 @@ contains
                   !$omp simd
                   do c = 0, d - 1
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h))) = dK(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h))) + t2_0_0 * Q(c + d*(2*i_tile + n*(b*heads + &
-                        & h))) + t2_1_0 * Q(c + d*(2*i_tile + n*(b*heads + h) + 1))
+                        & j_part + n*(b*heads + h))) + t2_0_0 * Q(Q_row0 + c) + t2_1_0 * Q(Q_row1 &
+                        & + c)
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) = dK(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_0_1 * Q(c + &
-                        & d*(2*i_tile + n*(b*heads + h))) + t2_1_1 * Q(c + d*(2*i_tile + &
-                        & n*(b*heads + h) + 1))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_0_1 * Q(Q_row0 + &
+                        & c) + t2_1_1 * Q(Q_row1 + c)
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) = dK(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_0_2 * Q(c + &
-                        & d*(2*i_tile + n*(b*heads + h))) + t2_1_2 * Q(c + d*(2*i_tile + &
-                        & n*(b*heads + h) + 1))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_0_2 * Q(Q_row0 + &
+                        & c) + t2_1_2 * Q(Q_row1 + c)
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) = dK(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t2_0_3 * Q(c + &
-                        & d*(2*i_tile + n*(b*heads + h))) + t2_1_3 * Q(c + d*(2*i_tile + &
-                        & n*(b*heads + h) + 1))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t2_0_3 * Q(Q_row0 + &
+                        & c) + t2_1_3 * Q(Q_row1 + c)
                   end do
                   !$omp simd
                   do c = 0, d - 1
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h))) = dV(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h))) + t3_0_0 * dO(c + d*(2*i_tile + n*(b*heads + &
-                        & h))) + t3_1_0 * dO(c + d*(2*i_tile + n*(b*heads + h) + 1))
+                        & j_part + n*(b*heads + h))) + t3_0_0 * dO(dO_row0 + c) + t3_1_0 * &
+                        & dO(dO_row1 + c)
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) = dV(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t3_0_1 * dO(c + &
-                        & d*(2*i_tile + n*(b*heads + h))) + t3_1_1 * dO(c + d*(2*i_tile + &
-                        & n*(b*heads + h) + 1))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t3_0_1 * dO(dO_row0 + &
+                        & c) + t3_1_1 * dO(dO_row1 + c)
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) = dV(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t3_0_2 * dO(c + &
-                        & d*(2*i_tile + n*(b*heads + h))) + t3_1_2 * dO(c + d*(2*i_tile + &
-                        & n*(b*heads + h) + 1))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t3_0_2 * dO(dO_row0 + &
+                        & c) + t3_1_2 * dO(dO_row1 + c)
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) = dV(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t3_0_3 * dO(c + &
-                        & d*(2*i_tile + n*(b*heads + h))) + t3_1_3 * dO(c + d*(2*i_tile + &
-                        & n*(b*heads + h) + 1))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t3_0_3 * dO(dO_row0 + &
+                        & c) + t3_1_3 * dO(dO_row1 + c)
                   end do
                 end do
                 do i = 2*((min(n, 64*i_blk + 64)) / 2), min(n, 64*i_blk + 64) - 1
-                  t3_02 = t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
-                  t3_12 = t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
+                  Q_row = d*(i + n*(b*heads + h))
+                  dO_row = d*(i + n*(b*heads + h))
+                  dQ_part_row = d*(i + n*(h + heads*(b + batch*j_part)))
+                  t3_0b = t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
+                  t3_1b = t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
                       & + 64)
                   t3_2 = t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
                       & 128)
                   t3_3 = t3_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
                       & 192)
-                  t2_02 = t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
-                  t2_12 = t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
+                  t2_0b = t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h))
+                  t2_1b = t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
                       & + 64)
                   t2_2 = t2_block(i - 64*i_blk + 256*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
                       & 128)
@@ -1481,40 +1360,33 @@ contains
                       & 192)
                   !$omp simd
                   do c = 0, d - 1
-                    dQ_part(c + d*(i + n*(h + heads*(b + batch*j_part)))) = dQ_part(c + d*(i + &
-                        & n*(h + heads*(b + batch*j_part)))) + t2_02 * K(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h))) + t2_12 * K(c + d*(4*j_in_tile + j_part + &
-                        & n*(b*heads + h) + 1)) + t2_2 * K(c + d*(4*j_in_tile + j_part + &
-                        & n*(b*heads + h) + 2)) + t2_3 * K(c + d*(4*j_in_tile + j_part + &
-                        & n*(b*heads + h) + 3))
+                    dQ_part(dQ_part_row + c) = dQ_part(dQ_part_row + c) + t2_0b * K(c + &
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h))) + t2_1b * K(c + &
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_2 * K(c + &
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_3 * K(c + &
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3))
                   end do
                   !$omp simd
                   do c = 0, d - 1
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h))) = dK(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h))) + t2_02 * Q(c + d*(i + n*(b*heads + h)))
+                        & j_part + n*(b*heads + h))) + t2_0b * Q(Q_row + c)
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) = dK(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_12 * Q(c + d*(i + &
-                        & n*(b*heads + h)))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t2_1b * Q(Q_row + c)
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) = dK(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_2 * Q(c + d*(i + &
-                        & n*(b*heads + h)))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t2_2 * Q(Q_row + c)
                     dK(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) = dK(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t2_3 * Q(c + d*(i + &
-                        & n*(b*heads + h)))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t2_3 * Q(Q_row + c)
                   end do
                   !$omp simd
                   do c = 0, d - 1
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h))) = dV(c + d*(4*j_in_tile + &
-                        & j_part + n*(b*heads + h))) + t3_02 * dO(c + d*(i + n*(b*heads + h)))
+                        & j_part + n*(b*heads + h))) + t3_0b * dO(dO_row + c)
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) = dV(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t3_12 * dO(c + d*(i + &
-                        & n*(b*heads + h)))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 1)) + t3_1b * dO(dO_row + c)
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) = dV(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t3_2 * dO(c + d*(i + &
-                        & n*(b*heads + h)))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 2)) + t3_2 * dO(dO_row + c)
                     dV(c + d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) = dV(c + &
-                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t3_3 * dO(c + d*(i + &
-                        & n*(b*heads + h)))
+                        & d*(4*j_in_tile + j_part + n*(b*heads + h) + 3)) + t3_3 * dO(dO_row + c)
                   end do
                 end do
               end do
@@ -1524,36 +1396,11 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! keys.edge: from the DNF
-    ! dQ[b, h, i, c] = sum[j9 < n](
-    !                      scale
-    !                      * exp(
-    !                          (scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K)) if i >= j9 else -inf)
-    !                          - (<b h i> psi lse)
-    !                      )
-    !                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
-    !                      - (<b h i> psi delta))
-    !                      * (<b h j9 c> psi K)
-    !                  )
-    ! dK[b, h, j, c] = sum[i2 < n](
-    !                      scale
-    !                      * exp(
-    !                          (scale * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K)) if i2 >= j else -inf)
-    !                          - (<b h i2> psi lse)
-    !                      )
-    !                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
-    !                      - (<b h i2> psi delta))
-    !                      * (<b h i2 c> psi Q)
-    !                  )
-    ! dV[b, h, j, c] = sum[i3 < n](
-    !                      exp(
-    !                          (scale * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K)) if i3 >= j else -inf)
-    !                          - (<b h i3> psi lse)
-    !                      )
-    !                      * (<b h i3 c> psi dO)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(j_in, c, i_blk, i, i_tile, qk, dov, &
-    !$omp& t3, t2, t3_0, t3_1, t2_0, t2_1)
+    ! keys.edge: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, delta
+    ! for b, h, j_part (parallel) / j_in / c (simd), i_blk / i, i (simd), i_tile / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(j_in, c, i_blk, i, i_tile, Q_row, &
+    !$omp& dO_row, dQ_part_row0, dQ_part_row1, Q_row0, Q_row1, dO_row0, dO_row1, dQ_part_row, qk, &
+    !$omp& dov, t3, t2, t3_0, t3_1, t2_0, t2_1)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j_part = 0, 0
@@ -1565,17 +1412,17 @@ contains
             end do
             do i_blk = 0, ((n + 63) / 64) - 1
               do i = 64*i_blk, min(n, 64*i_blk + 64) - 1
+                Q_row = d*(i + n*(b*heads + h))
+                dO_row = d*(i + n*(b*heads + h))
                 qk = 0.0_c_float
                 !$omp simd reduction(+:qk)
                 do c = 0, d - 1
-                  qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j_in + j_part + n*(b*heads &
-                      & + h)))
+                  qk = qk + Q(Q_row + c) * K(c + d*(j_in + j_part + n*(b*heads + h)))
                 end do
                 dov = 0.0_c_float
                 !$omp simd reduction(+:dov)
                 do c = 0, d - 1
-                  dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j_in + j_part + &
-                      & n*(b*heads + h)))
+                  dov = dov + dO(dO_row + c) * V(c + d*(j_in + j_part + n*(b*heads + h)))
                 end do
                 qk_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = qk
                 dov_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = dov
@@ -1590,50 +1437,54 @@ contains
                 t2_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h)) = t2
               end do
               do i_tile = 32*i_blk, ((min(n, 64*i_blk + 64)) / 2) - 1
+                dQ_part_row0 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)))
+                dQ_part_row1 = d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)
+                Q_row0 = d*(2*i_tile + n*(b*heads + h))
+                Q_row1 = d*(2*i_tile + n*(b*heads + h) + 1)
+                dO_row0 = d*(2*i_tile + n*(b*heads + h))
+                dO_row1 = d*(2*i_tile + n*(b*heads + h) + 1)
                 t3_0 = t3_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h))
                 t3_1 = t3_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h) + 1)
                 t2_0 = t2_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h))
                 t2_1 = t2_block(-64*i_blk + 2*i_tile + 64*j_in + 64*j_part + 64*n*(b*heads + h) + 1)
                 !$omp simd
                 do c = 0, d - 1
-                  dQ_part(c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)))) = dQ_part(c + &
-                      & d*(2*i_tile + n*(h + heads*(b + batch*j_part)))) + t2_0 * K(c + d*(j_in + &
+                  dQ_part(dQ_part_row0 + c) = dQ_part(dQ_part_row0 + c) + t2_0 * K(c + d*(j_in + &
                       & j_part + n*(b*heads + h)))
-                  dQ_part(c + d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)) = dQ_part(c + &
-                      & d*(2*i_tile + n*(h + heads*(b + batch*j_part)) + 1)) + t2_1 * K(c + &
-                      & d*(j_in + j_part + n*(b*heads + h)))
+                  dQ_part(dQ_part_row1 + c) = dQ_part(dQ_part_row1 + c) + t2_1 * K(c + d*(j_in + &
+                      & j_part + n*(b*heads + h)))
                 end do
                 !$omp simd
                 do c = 0, d - 1
                   dK(c + d*(j_in + j_part + n*(b*heads + h))) = dK(c + d*(j_in + j_part + &
-                      & n*(b*heads + h))) + t2_0 * Q(c + d*(2*i_tile + n*(b*heads + h))) + t2_1 * &
-                      & Q(c + d*(2*i_tile + n*(b*heads + h) + 1))
+                      & n*(b*heads + h))) + t2_0 * Q(Q_row0 + c) + t2_1 * Q(Q_row1 + c)
                 end do
                 !$omp simd
                 do c = 0, d - 1
                   dV(c + d*(j_in + j_part + n*(b*heads + h))) = dV(c + d*(j_in + j_part + &
-                      & n*(b*heads + h))) + t3_0 * dO(c + d*(2*i_tile + n*(b*heads + h))) + t3_1 &
-                      & * dO(c + d*(2*i_tile + n*(b*heads + h) + 1))
+                      & n*(b*heads + h))) + t3_0 * dO(dO_row0 + c) + t3_1 * dO(dO_row1 + c)
                 end do
               end do
               do i = 2*((min(n, 64*i_blk + 64)) / 2), min(n, 64*i_blk + 64) - 1
+                Q_row = d*(i + n*(b*heads + h))
+                dO_row = d*(i + n*(b*heads + h))
+                dQ_part_row = d*(i + n*(h + heads*(b + batch*j_part)))
                 t3 = t3_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h))
                 t2 = t2_block(i - 64*i_blk + 64*j_in + 64*j_part + 64*n*(b*heads + h))
                 !$omp simd
                 do c = 0, d - 1
-                  dQ_part(c + d*(i + n*(h + heads*(b + batch*j_part)))) = dQ_part(c + d*(i + n*(h &
-                      & + heads*(b + batch*j_part)))) + t2 * K(c + d*(j_in + j_part + n*(b*heads &
-                      & + h)))
+                  dQ_part(dQ_part_row + c) = dQ_part(dQ_part_row + c) + t2 * K(c + d*(j_in + &
+                      & j_part + n*(b*heads + h)))
                 end do
                 !$omp simd
                 do c = 0, d - 1
                   dK(c + d*(j_in + j_part + n*(b*heads + h))) = dK(c + d*(j_in + j_part + &
-                      & n*(b*heads + h))) + t2 * Q(c + d*(i + n*(b*heads + h)))
+                      & n*(b*heads + h))) + t2 * Q(Q_row + c)
                 end do
                 !$omp simd
                 do c = 0, d - 1
                   dV(c + d*(j_in + j_part + n*(b*heads + h))) = dV(c + d*(j_in + j_part + &
-                      & n*(b*heads + h))) + t3 * dO(c + d*(i + n*(b*heads + h)))
+                      & n*(b*heads + h))) + t3 * dO(dO_row + c)
                 end do
               end do
             end do
@@ -1642,19 +1493,20 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dQ.merge: from the DNF
-    ! dQ = the sum of its 1 parts
-    !$omp parallel do collapse(3) schedule(static) private(c, j_part, dQ_sum)
+    ! dQ.merge: writes dQ; scratch dQ_part
+    ! for b, h, i (parallel) / c / j_part (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_part, dQ_row, dQ_sum)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dQ_row = d*(i + n*(b*heads + h))
           do c = 0, d - 1
             dQ_sum = 0.0_c_float
             !$omp simd reduction(+:dQ_sum)
             do j_part = 0, 0
               dQ_sum = dQ_sum + dQ_part(c + d*(i + n*(h + heads*(b + batch*j_part))))
             end do
-            dQ(c + d*(i + n*(b*heads + h))) = dQ_sum
+            dQ(dQ_row + c) = dQ_sum
           end do
         end do
       end do

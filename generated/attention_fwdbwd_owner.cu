@@ -4,11 +4,7 @@
  * Schedule: accumulate(c, over=j, nest=O); accumulate(c, over=j, nest=dQ); accumulate(c, over=i, nest=dK); accumulate(c, over=i, nest=dV); fuse(O, lse, delta, over=(b, h, i)); fuse(dK, dV, over=(b, h, j)); hoist(); online_softmax(forward, block=64); lower_reductions(); key_blocks(dQ, j, 64); key_blocks(keys, i, 64); unroll_sum(forward, j, 4); unroll_jam(forward, i, 4); unroll_sum(dQ, j, 4); unroll_jam(dQ, i, 4); unroll_sum(keys, i, 4); unroll_jam(keys, j, 4); distribute(c); gpu_threads(b, h, i_tile, 128 a block, nest=forward); gpu_threads(b, h, i_tile, 128 a block, nest=dQ); gpu_threads(b, h, j_tile, 128 a block, nest=keys); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda attention_fwdbwd --variant owner
  */
-#include <math.h>
-#include <stdint.h>
-#include <cuda_runtime.h>
-
-/* forward: from the DNF
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
  * O[b, h, i, c] = sum[j2 < n](
  *                     exp(
  *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
@@ -44,6 +40,43 @@
  *                    )
  *                )
  * delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
+ * dQ[b, h, i, c] = sum[j9 < n](
+ *                      scale
+ *                      * exp(
+ *                          scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K))
+ *                          - (<b h i> psi lse)
+ *                      )
+ *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
+ *                      - (<b h i> psi delta))
+ *                      * (<b h j9 c> psi K)
+ *                  )
+ * dK[b, h, j, c] = sum[i2 < n](
+ *                      scale
+ *                      * exp(
+ *                          scale
+ *                          * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K))
+ *                          - (<b h i2> psi lse)
+ *                      )
+ *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
+ *                      - (<b h i2> psi delta))
+ *                      * (<b h i2 c> psi Q)
+ *                  )
+ * dV[b, h, j, c] = sum[i3 < n](
+ *                      exp(
+ *                          scale
+ *                          * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K))
+ *                          - (<b h i3> psi lse)
+ *                      )
+ *                      * (<b h i3 c> psi dO)
+ *                  )
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+/* forward: writes O, lse; reads Q, K, V, dO; scratch probs, delta
+ * for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void attention_fwdbwd_owner_f64_forward(
     const double *__restrict__ Q,
@@ -76,6 +109,10 @@ __global__ void attention_fwdbwd_owner_f64_forward(
     const int64_t i_tile = tid % (((n) / 4));
     const int64_t h = (tid / (((n) / 4))) % heads;
     const int64_t b = (tid / (heads*((n) / 4)));
+    const int64_t dO_row0 = d*(4*i_tile + n*(b*heads + h));
+    const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
+    const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
+    const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
     for (int64_t c = 0; c < d; ++c) {
         O[c + d*(4*i_tile + n*(b*heads + h))] = 0.0;
         O[c + d*(4*i_tile + n*(b*heads + h) + 1)] = 0.0;
@@ -92,15 +129,16 @@ __global__ void attention_fwdbwd_owner_f64_forward(
     double row_sum_3 = 0.0;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(j + n*(b*heads + h));
             double qk_0 = 0.0;
             double qk_1 = 0.0;
             double qk_2 = 0.0;
             double qk_3 = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                qk_0 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
-                qk_1 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[c + d*(j + n*(b*heads + h))];
-                qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[c + d*(j + n*(b*heads + h))];
-                qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[c + d*(j + n*(b*heads + h))];
+                qk_0 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
+                qk_1 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
             probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
             probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
@@ -152,6 +190,10 @@ __global__ void attention_fwdbwd_owner_f64_forward(
             O[c + d*(4*i_tile + n*(b*heads + h) + 3)] = O[c + d*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t V_row0 = d*(4*j_tile + n*(b*heads + h));
+            const int64_t V_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t V_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t V_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
             const double t_0_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const double t_0_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
             const double t_0_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
@@ -169,22 +211,23 @@ __global__ void attention_fwdbwd_owner_f64_forward(
             const double t_3_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
             const double t_3_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c] + t_2_0 * V[V_row2 + c] + t_3_0 * V[V_row3 + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c] + t_2_1 * V[V_row2 + c] + t_3_1 * V[V_row3 + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c] + t_2_2 * V[V_row2 + c] + t_3_2 * V[V_row3 + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c] + t_2_3 * V[V_row2 + c] + t_3_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const double t_02 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t_12 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const double t_22 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const double t_32 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const int64_t V_row = d*(j + n*(b*heads + h));
+            const double t_0b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t_1b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            const double t_2b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            const double t_3b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(4*i_tile + n*(b*heads + h))] += t_02 * V[c + d*(j + n*(b*heads + h))];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_12 * V[c + d*(j + n*(b*heads + h))];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_22 * V[c + d*(j + n*(b*heads + h))];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_32 * V[c + d*(j + n*(b*heads + h))];
+                O[c + d*(4*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_2b * V[V_row + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_3b * V[V_row + c];
             }
         }
         row_max_0 = new_max_0;
@@ -207,10 +250,10 @@ __global__ void attention_fwdbwd_owner_f64_forward(
     double rowdot_2 = 0.0;
     double rowdot_3 = 0.0;
     for (int64_t c = 0; c < d; ++c) {
-        rowdot_0 += dO[c + d*(4*i_tile + n*(b*heads + h))] * O[c + d*(4*i_tile + n*(b*heads + h))];
-        rowdot_1 += dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] * O[c + d*(4*i_tile + n*(b*heads + h) + 1)];
-        rowdot_2 += dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] * O[c + d*(4*i_tile + n*(b*heads + h) + 2)];
-        rowdot_3 += dO[c + d*(4*i_tile + n*(b*heads + h) + 3)] * O[c + d*(4*i_tile + n*(b*heads + h) + 3)];
+        rowdot_0 += dO[dO_row0 + c] * O[c + d*(4*i_tile + n*(b*heads + h))];
+        rowdot_1 += dO[dO_row1 + c] * O[c + d*(4*i_tile + n*(b*heads + h) + 1)];
+        rowdot_2 += dO[dO_row2 + c] * O[c + d*(4*i_tile + n*(b*heads + h) + 2)];
+        rowdot_3 += dO[dO_row3 + c] * O[c + d*(4*i_tile + n*(b*heads + h) + 3)];
     }
     delta[4*i_tile + n*(b*heads + h)] = rowdot_0;
     delta[4*i_tile + n*(b*heads + h) + 1] = rowdot_1;
@@ -218,42 +261,8 @@ __global__ void attention_fwdbwd_owner_f64_forward(
     delta[4*i_tile + n*(b*heads + h) + 3] = rowdot_3;
 }
 
-/* forward.edge: from the DNF
- * O[b, h, i, c] = sum[j2 < n](
- *                     exp(
- *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
- *                         - max[j3 < n](
- *                             scale
- *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K))
- *                         )
- *                     )
- *                     / sum[j4 < n](
- *                         exp(
- *                             scale
- *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K))
- *                             - max[j5 < n](
- *                                 scale
- *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K))
- *                             )
- *                         )
- *                     )
- *                     * (<b h j2 c> psi V)
- *                 )
- * lse[b, h, i] = max[j6 < n](
- *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K))
- *                )
- *                + log(
- *                    sum[j7 < n](
- *                        exp(
- *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K))
- *                            - max[j8 < n](
- *                                scale
- *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K))
- *                            )
- *                        )
- *                    )
- *                )
- * delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
+/* forward.edge: writes O, lse; reads Q, K, V, dO; scratch probs, delta
+ * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void attention_fwdbwd_owner_f64_forward_edge(
     const double *__restrict__ Q,
@@ -286,6 +295,7 @@ __global__ void attention_fwdbwd_owner_f64_forward_edge(
     const int64_t i = 4*((n) / 4) + tid % (n - 4*((n) / 4));
     const int64_t h = (tid / (n - 4*((n) / 4))) % heads;
     const int64_t b = (tid / (heads*(n - 4*((n) / 4))));
+    const int64_t dO_row = d*(i + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
         O[c + d*(i + n*(b*heads + h))] = 0.0;
     }
@@ -293,9 +303,10 @@ __global__ void attention_fwdbwd_owner_f64_forward_edge(
     double row_sum = 0.0;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(j + n*(b*heads + h));
             double qk = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
             probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
         }
@@ -317,18 +328,23 @@ __global__ void attention_fwdbwd_owner_f64_forward_edge(
             O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t V_row0 = d*(4*j_tile + n*(b*heads + h));
+            const int64_t V_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t V_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t V_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
             const double t_0 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const double t_1 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
             const double t_2 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
             const double t_3 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(i + n*(b*heads + h))] += t_0 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                O[c + d*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c] + t_2 * V[V_row2 + c] + t_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t V_row = d*(j + n*(b*heads + h));
             const double t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+                O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
             }
         }
         row_max = new_max;
@@ -339,22 +355,13 @@ __global__ void attention_fwdbwd_owner_f64_forward_edge(
     lse[i + n*(b*heads + h)] = row_max + log(row_sum);
     double rowdot = 0.0;
     for (int64_t c = 0; c < d; ++c) {
-        rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+        rowdot += dO[dO_row + c] * O[c + d*(i + n*(b*heads + h))];
     }
     delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* dQ: from the DNF
- * dQ[b, h, i, c] = sum[j9 < n](
- *                      scale
- *                      * exp(
- *                          scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K))
- *                          - (<b h i> psi lse)
- *                      )
- *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
- *                      - (<b h i> psi delta))
- *                      * (<b h j9 c> psi K)
- *                  )
+/* dQ: writes dQ; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t2_block, delta
+ * for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), j_tile / c (simd)
  */
 __global__ void attention_fwdbwd_owner_f64_dQ(
     const double *__restrict__ Q,
@@ -395,54 +402,60 @@ __global__ void attention_fwdbwd_owner_f64_dQ(
     }
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            double qk_02 = 0.0;
-            double qk_12 = 0.0;
-            double qk_22 = 0.0;
-            double qk_32 = 0.0;
+            const int64_t K_row = d*(j + n*(b*heads + h));
+            const int64_t V_row = d*(j + n*(b*heads + h));
+            double qk_0b = 0.0;
+            double qk_1b = 0.0;
+            double qk_2b = 0.0;
+            double qk_3b = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                qk_02 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
-                qk_12 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[c + d*(j + n*(b*heads + h))];
-                qk_22 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[c + d*(j + n*(b*heads + h))];
-                qk_32 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[c + d*(j + n*(b*heads + h))];
+                qk_0b += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
+                qk_1b += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                qk_2b += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                qk_3b += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
             double dov_0 = 0.0;
             double dov_1 = 0.0;
             double dov_2 = 0.0;
             double dov_3 = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                dov_0 += dO[c + d*(4*i_tile + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
-                dov_1 += dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] * V[c + d*(j + n*(b*heads + h))];
-                dov_2 += dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] * V[c + d*(j + n*(b*heads + h))];
-                dov_3 += dO[c + d*(4*i_tile + n*(b*heads + h) + 3)] * V[c + d*(j + n*(b*heads + h))];
+                dov_0 += dO[c + d*(4*i_tile + n*(b*heads + h))] * V[V_row + c];
+                dov_1 += dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] * V[V_row + c];
+                dov_2 += dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] * V[V_row + c];
+                dov_3 += dO[c + d*(4*i_tile + n*(b*heads + h) + 3)] * V[V_row + c];
             }
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = qk_02;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = qk_12;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = qk_22;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = qk_32;
+            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = qk_0b;
+            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = qk_1b;
+            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = qk_2b;
+            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = qk_3b;
             dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = dov_0;
             dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = dov_1;
             dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = dov_2;
             dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = dov_3;
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            double qk_02 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            double qk_12 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            double qk_22 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            double qk_32 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            double qk_0b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            double qk_1b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            double qk_2b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            double qk_3b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
             double dov_0 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
             double dov_1 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
             double dov_2 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
             double dov_3 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-            const double t2_02 = scale * exp(scale * qk_02 - lse[4*i_tile + n*(b*heads + h)]) * (dov_0 - delta[4*i_tile + n*(b*heads + h)]);
-            const double t2_12 = scale * exp(scale * qk_12 - lse[4*i_tile + n*(b*heads + h) + 1]) * (dov_1 - delta[4*i_tile + n*(b*heads + h) + 1]);
-            const double t2_22 = scale * exp(scale * qk_22 - lse[4*i_tile + n*(b*heads + h) + 2]) * (dov_2 - delta[4*i_tile + n*(b*heads + h) + 2]);
-            const double t2_32 = scale * exp(scale * qk_32 - lse[4*i_tile + n*(b*heads + h) + 3]) * (dov_3 - delta[4*i_tile + n*(b*heads + h) + 3]);
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t2_02;
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t2_12;
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t2_22;
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = t2_32;
+            const double t2_0b = scale * exp(scale * qk_0b - lse[4*i_tile + n*(b*heads + h)]) * (dov_0 - delta[4*i_tile + n*(b*heads + h)]);
+            const double t2_1b = scale * exp(scale * qk_1b - lse[4*i_tile + n*(b*heads + h) + 1]) * (dov_1 - delta[4*i_tile + n*(b*heads + h) + 1]);
+            const double t2_2b = scale * exp(scale * qk_2b - lse[4*i_tile + n*(b*heads + h) + 2]) * (dov_2 - delta[4*i_tile + n*(b*heads + h) + 2]);
+            const double t2_3b = scale * exp(scale * qk_3b - lse[4*i_tile + n*(b*heads + h) + 3]) * (dov_3 - delta[4*i_tile + n*(b*heads + h) + 3]);
+            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t2_0b;
+            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t2_1b;
+            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t2_2b;
+            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = t2_3b;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t K_row0 = d*(4*j_tile + n*(b*heads + h));
+            const int64_t K_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t K_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t K_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
             const double t2_0_0 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const double t2_0_1 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
             const double t2_0_2 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
@@ -460,38 +473,30 @@ __global__ void attention_fwdbwd_owner_f64_dQ(
             const double t2_3_2 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
             const double t2_3_3 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
             for (int64_t c = 0; c < d; ++c) {
-                dQ[c + d*(4*i_tile + n*(b*heads + h))] += t2_0_0 * K[c + d*(4*j_tile + n*(b*heads + h))] + t2_1_0 * K[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t2_2_0 * K[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t2_3_0 * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t2_0_1 * K[c + d*(4*j_tile + n*(b*heads + h))] + t2_1_1 * K[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t2_2_1 * K[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t2_3_1 * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                dQ[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t2_0_2 * K[c + d*(4*j_tile + n*(b*heads + h))] + t2_1_2 * K[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t2_2_2 * K[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t2_3_2 * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                dQ[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t2_0_3 * K[c + d*(4*j_tile + n*(b*heads + h))] + t2_1_3 * K[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t2_2_3 * K[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t2_3_3 * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                dQ[c + d*(4*i_tile + n*(b*heads + h))] += t2_0_0 * K[K_row0 + c] + t2_1_0 * K[K_row1 + c] + t2_2_0 * K[K_row2 + c] + t2_3_0 * K[K_row3 + c];
+                dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t2_0_1 * K[K_row0 + c] + t2_1_1 * K[K_row1 + c] + t2_2_1 * K[K_row2 + c] + t2_3_1 * K[K_row3 + c];
+                dQ[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t2_0_2 * K[K_row0 + c] + t2_1_2 * K[K_row1 + c] + t2_2_2 * K[K_row2 + c] + t2_3_2 * K[K_row3 + c];
+                dQ[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t2_0_3 * K[K_row0 + c] + t2_1_3 * K[K_row1 + c] + t2_2_3 * K[K_row2 + c] + t2_3_3 * K[K_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const double t2_02 = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t2_12 = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const double t2_22 = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const double t2_32 = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const int64_t K_row = d*(j + n*(b*heads + h));
+            const double t2_0b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t2_1b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            const double t2_2b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            const double t2_3b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
             for (int64_t c = 0; c < d; ++c) {
-                dQ[c + d*(4*i_tile + n*(b*heads + h))] += t2_02 * K[c + d*(j + n*(b*heads + h))];
-                dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t2_12 * K[c + d*(j + n*(b*heads + h))];
-                dQ[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t2_22 * K[c + d*(j + n*(b*heads + h))];
-                dQ[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t2_32 * K[c + d*(j + n*(b*heads + h))];
+                dQ[c + d*(4*i_tile + n*(b*heads + h))] += t2_0b * K[K_row + c];
+                dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t2_1b * K[K_row + c];
+                dQ[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t2_2b * K[K_row + c];
+                dQ[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t2_3b * K[K_row + c];
             }
         }
     }
 }
 
-/* dQ.edge: from the DNF
- * dQ[b, h, i, c] = sum[j9 < n](
- *                      scale
- *                      * exp(
- *                          scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K))
- *                          - (<b h i> psi lse)
- *                      )
- *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
- *                      - (<b h i> psi delta))
- *                      * (<b h j9 c> psi K)
- *                  )
+/* dQ.edge: writes dQ; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t2_block, delta
+ * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), j_tile / c (simd)
  */
 __global__ void attention_fwdbwd_owner_f64_dQ_edge(
     const double *__restrict__ Q,
@@ -529,13 +534,15 @@ __global__ void attention_fwdbwd_owner_f64_dQ_edge(
     }
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(j + n*(b*heads + h));
+            const int64_t V_row = d*(j + n*(b*heads + h));
             double qk = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
             double dov = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
             }
             qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = qk;
             dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = dov;
@@ -547,43 +554,30 @@ __global__ void attention_fwdbwd_owner_f64_dQ_edge(
             t2_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = t2;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t K_row0 = d*(4*j_tile + n*(b*heads + h));
+            const int64_t K_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t K_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t K_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
             const double t2_0 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const double t2_1 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
             const double t2_2 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
             const double t2_3 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
             for (int64_t c = 0; c < d; ++c) {
-                dQ[c + d*(i + n*(b*heads + h))] += t2_0 * K[c + d*(4*j_tile + n*(b*heads + h))] + t2_1 * K[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t2_2 * K[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t2_3 * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                dQ[c + d*(i + n*(b*heads + h))] += t2_0 * K[K_row0 + c] + t2_1 * K[K_row1 + c] + t2_2 * K[K_row2 + c] + t2_3 * K[K_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(j + n*(b*heads + h));
             const double t2 = t2_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
             for (int64_t c = 0; c < d; ++c) {
-                dQ[c + d*(i + n*(b*heads + h))] += t2 * K[c + d*(j + n*(b*heads + h))];
+                dQ[c + d*(i + n*(b*heads + h))] += t2 * K[K_row + c];
             }
         }
     }
 }
 
-/* keys: from the DNF
- * dK[b, h, j, c] = sum[i2 < n](
- *                      scale
- *                      * exp(
- *                          scale
- *                          * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K))
- *                          - (<b h i2> psi lse)
- *                      )
- *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
- *                      - (<b h i2> psi delta))
- *                      * (<b h i2 c> psi Q)
- *                  )
- * dV[b, h, j, c] = sum[i3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K))
- *                          - (<b h i3> psi lse)
- *                      )
- *                      * (<b h i3 c> psi dO)
- *                  )
+/* keys: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block2, dov_block2, t3_block, t4_block, delta
+ * for b, h, j_tile (parallel) / c (simd), i_blk / i, i (simd), i_tile / c (simd)
  */
 __global__ void attention_fwdbwd_owner_f64_keys(
     const double *__restrict__ Q,
@@ -628,62 +622,72 @@ __global__ void attention_fwdbwd_owner_f64_keys(
     }
     for (int64_t i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            double qk_03 = 0.0;
-            double qk_13 = 0.0;
-            double qk_23 = 0.0;
-            double qk_33 = 0.0;
+            const int64_t Q_row = d*(i + n*(b*heads + h));
+            const int64_t dO_row = d*(i + n*(b*heads + h));
+            double qk_0c = 0.0;
+            double qk_1c = 0.0;
+            double qk_2c = 0.0;
+            double qk_3c = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                qk_03 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_tile + n*(b*heads + h))];
-                qk_13 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_tile + n*(b*heads + h) + 1)];
-                qk_23 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_tile + n*(b*heads + h) + 2)];
-                qk_33 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                qk_0c += Q[Q_row + c] * K[c + d*(4*j_tile + n*(b*heads + h))];
+                qk_1c += Q[Q_row + c] * K[c + d*(4*j_tile + n*(b*heads + h) + 1)];
+                qk_2c += Q[Q_row + c] * K[c + d*(4*j_tile + n*(b*heads + h) + 2)];
+                qk_3c += Q[Q_row + c] * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
             }
-            double dov_02 = 0.0;
-            double dov_12 = 0.0;
-            double dov_22 = 0.0;
-            double dov_32 = 0.0;
+            double dov_0b = 0.0;
+            double dov_1b = 0.0;
+            double dov_2b = 0.0;
+            double dov_3b = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                dov_02 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_tile + n*(b*heads + h))];
-                dov_12 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_tile + n*(b*heads + h) + 1)];
-                dov_22 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_tile + n*(b*heads + h) + 2)];
-                dov_32 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                dov_0b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h))];
+                dov_1b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 1)];
+                dov_2b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 2)];
+                dov_3b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
             }
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = qk_03;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = qk_13;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = qk_23;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = qk_33;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = dov_02;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = dov_12;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = dov_22;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = dov_32;
+            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = qk_0c;
+            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = qk_1c;
+            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = qk_2c;
+            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = qk_3c;
+            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = dov_0b;
+            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = dov_1b;
+            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = dov_2b;
+            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = dov_3b;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            double qk_03 = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            double qk_13 = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            double qk_23 = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            double qk_33 = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            double dov_02 = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            double dov_12 = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            double dov_22 = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            double dov_32 = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const double t3_02 = exp(scale * qk_03 - lse[i + n*(b*heads + h)]);
-            const double t3_12 = exp(scale * qk_13 - lse[i + n*(b*heads + h)]);
-            const double t3_22 = exp(scale * qk_23 - lse[i + n*(b*heads + h)]);
-            const double t3_32 = exp(scale * qk_33 - lse[i + n*(b*heads + h)]);
-            const double t4_02 = scale * t3_02 * (dov_02 - delta[i + n*(b*heads + h)]);
-            const double t4_12 = scale * t3_12 * (dov_12 - delta[i + n*(b*heads + h)]);
-            const double t4_22 = scale * t3_22 * (dov_22 - delta[i + n*(b*heads + h)]);
-            const double t4_32 = scale * t3_32 * (dov_32 - delta[i + n*(b*heads + h)]);
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t3_02;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t3_12;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t3_22;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t3_32;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t4_02;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t4_12;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t4_22;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t4_32;
+            double qk_0c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
+            double qk_1c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
+            double qk_2c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
+            double qk_3c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            double dov_0b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
+            double dov_1b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
+            double dov_2b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
+            double dov_3b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            const double t3_0b = exp(scale * qk_0c - lse[i + n*(b*heads + h)]);
+            const double t3_1b = exp(scale * qk_1c - lse[i + n*(b*heads + h)]);
+            const double t3_2b = exp(scale * qk_2c - lse[i + n*(b*heads + h)]);
+            const double t3_3b = exp(scale * qk_3c - lse[i + n*(b*heads + h)]);
+            const double t4_0b = scale * t3_0b * (dov_0b - delta[i + n*(b*heads + h)]);
+            const double t4_1b = scale * t3_1b * (dov_1b - delta[i + n*(b*heads + h)]);
+            const double t4_2b = scale * t3_2b * (dov_2b - delta[i + n*(b*heads + h)]);
+            const double t4_3b = scale * t3_3b * (dov_3b - delta[i + n*(b*heads + h)]);
+            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t3_0b;
+            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t3_1b;
+            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t3_2b;
+            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t3_3b;
+            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t4_0b;
+            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t4_1b;
+            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t4_2b;
+            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t4_3b;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
+            const int64_t Q_row0 = d*(4*i_tile + n*(b*heads + h));
+            const int64_t Q_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
+            const int64_t Q_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
+            const int64_t Q_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
+            const int64_t dO_row0 = d*(4*i_tile + n*(b*heads + h));
+            const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
+            const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
+            const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
             const double t3_0_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
             const double t3_0_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
             const double t3_0_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
@@ -717,63 +721,47 @@ __global__ void attention_fwdbwd_owner_f64_keys(
             const double t4_3_2 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
             const double t4_3_3 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
             for (int64_t c = 0; c < d; ++c) {
-                dK[c + d*(4*j_tile + n*(b*heads + h))] += t4_0_0 * Q[c + d*(4*i_tile + n*(b*heads + h))] + t4_1_0 * Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t4_2_0 * Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t4_3_0 * Q[c + d*(4*i_tile + n*(b*heads + h) + 3)];
-                dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t4_0_1 * Q[c + d*(4*i_tile + n*(b*heads + h))] + t4_1_1 * Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t4_2_1 * Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t4_3_1 * Q[c + d*(4*i_tile + n*(b*heads + h) + 3)];
-                dK[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t4_0_2 * Q[c + d*(4*i_tile + n*(b*heads + h))] + t4_1_2 * Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t4_2_2 * Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t4_3_2 * Q[c + d*(4*i_tile + n*(b*heads + h) + 3)];
-                dK[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t4_0_3 * Q[c + d*(4*i_tile + n*(b*heads + h))] + t4_1_3 * Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t4_2_3 * Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t4_3_3 * Q[c + d*(4*i_tile + n*(b*heads + h) + 3)];
+                dK[c + d*(4*j_tile + n*(b*heads + h))] += t4_0_0 * Q[Q_row0 + c] + t4_1_0 * Q[Q_row1 + c] + t4_2_0 * Q[Q_row2 + c] + t4_3_0 * Q[Q_row3 + c];
+                dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t4_0_1 * Q[Q_row0 + c] + t4_1_1 * Q[Q_row1 + c] + t4_2_1 * Q[Q_row2 + c] + t4_3_1 * Q[Q_row3 + c];
+                dK[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t4_0_2 * Q[Q_row0 + c] + t4_1_2 * Q[Q_row1 + c] + t4_2_2 * Q[Q_row2 + c] + t4_3_2 * Q[Q_row3 + c];
+                dK[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t4_0_3 * Q[Q_row0 + c] + t4_1_3 * Q[Q_row1 + c] + t4_2_3 * Q[Q_row2 + c] + t4_3_3 * Q[Q_row3 + c];
             }
             for (int64_t c = 0; c < d; ++c) {
-                dV[c + d*(4*j_tile + n*(b*heads + h))] += t3_0_0 * dO[c + d*(4*i_tile + n*(b*heads + h))] + t3_1_0 * dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t3_2_0 * dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t3_3_0 * dO[c + d*(4*i_tile + n*(b*heads + h) + 3)];
-                dV[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t3_0_1 * dO[c + d*(4*i_tile + n*(b*heads + h))] + t3_1_1 * dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t3_2_1 * dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t3_3_1 * dO[c + d*(4*i_tile + n*(b*heads + h) + 3)];
-                dV[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t3_0_2 * dO[c + d*(4*i_tile + n*(b*heads + h))] + t3_1_2 * dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t3_2_2 * dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t3_3_2 * dO[c + d*(4*i_tile + n*(b*heads + h) + 3)];
-                dV[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t3_0_3 * dO[c + d*(4*i_tile + n*(b*heads + h))] + t3_1_3 * dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t3_2_3 * dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t3_3_3 * dO[c + d*(4*i_tile + n*(b*heads + h) + 3)];
+                dV[c + d*(4*j_tile + n*(b*heads + h))] += t3_0_0 * dO[dO_row0 + c] + t3_1_0 * dO[dO_row1 + c] + t3_2_0 * dO[dO_row2 + c] + t3_3_0 * dO[dO_row3 + c];
+                dV[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t3_0_1 * dO[dO_row0 + c] + t3_1_1 * dO[dO_row1 + c] + t3_2_1 * dO[dO_row2 + c] + t3_3_1 * dO[dO_row3 + c];
+                dV[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t3_0_2 * dO[dO_row0 + c] + t3_1_2 * dO[dO_row1 + c] + t3_2_2 * dO[dO_row2 + c] + t3_3_2 * dO[dO_row3 + c];
+                dV[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t3_0_3 * dO[dO_row0 + c] + t3_1_3 * dO[dO_row1 + c] + t3_2_3 * dO[dO_row2 + c] + t3_3_3 * dO[dO_row3 + c];
             }
         }
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            const double t3_02 = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const double t3_12 = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t3_22 = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t3_32 = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const double t4_02 = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const double t4_12 = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const double t4_22 = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const double t4_32 = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            const int64_t Q_row = d*(i + n*(b*heads + h));
+            const int64_t dO_row = d*(i + n*(b*heads + h));
+            const double t3_0b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
+            const double t3_1b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
+            const double t3_2b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
+            const double t3_3b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            const double t4_0b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
+            const double t4_1b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
+            const double t4_2b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
+            const double t4_3b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
             for (int64_t c = 0; c < d; ++c) {
-                dK[c + d*(4*j_tile + n*(b*heads + h))] += t4_02 * Q[c + d*(i + n*(b*heads + h))];
-                dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t4_12 * Q[c + d*(i + n*(b*heads + h))];
-                dK[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t4_22 * Q[c + d*(i + n*(b*heads + h))];
-                dK[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t4_32 * Q[c + d*(i + n*(b*heads + h))];
+                dK[c + d*(4*j_tile + n*(b*heads + h))] += t4_0b * Q[Q_row + c];
+                dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t4_1b * Q[Q_row + c];
+                dK[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t4_2b * Q[Q_row + c];
+                dK[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t4_3b * Q[Q_row + c];
             }
             for (int64_t c = 0; c < d; ++c) {
-                dV[c + d*(4*j_tile + n*(b*heads + h))] += t3_02 * dO[c + d*(i + n*(b*heads + h))];
-                dV[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t3_12 * dO[c + d*(i + n*(b*heads + h))];
-                dV[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t3_22 * dO[c + d*(i + n*(b*heads + h))];
-                dV[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t3_32 * dO[c + d*(i + n*(b*heads + h))];
+                dV[c + d*(4*j_tile + n*(b*heads + h))] += t3_0b * dO[dO_row + c];
+                dV[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t3_1b * dO[dO_row + c];
+                dV[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t3_2b * dO[dO_row + c];
+                dV[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t3_3b * dO[dO_row + c];
             }
         }
     }
 }
 
-/* keys.edge: from the DNF
- * dK[b, h, j, c] = sum[i2 < n](
- *                      scale
- *                      * exp(
- *                          scale
- *                          * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K))
- *                          - (<b h i2> psi lse)
- *                      )
- *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
- *                      - (<b h i2> psi delta))
- *                      * (<b h i2 c> psi Q)
- *                  )
- * dV[b, h, j, c] = sum[i3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K))
- *                          - (<b h i3> psi lse)
- *                      )
- *                      * (<b h i3 c> psi dO)
- *                  )
+/* keys.edge: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block2, dov_block2, t3_block, t4_block, delta
+ * for b, h, j (parallel) / c (simd), i_blk / i, i (simd), i_tile / c (simd)
  */
 __global__ void attention_fwdbwd_owner_f64_keys_edge(
     const double *__restrict__ Q,
@@ -812,13 +800,15 @@ __global__ void attention_fwdbwd_owner_f64_keys_edge(
     }
     for (int64_t i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
+            const int64_t Q_row = d*(i + n*(b*heads + h));
+            const int64_t dO_row = d*(i + n*(b*heads + h));
             double qk = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                qk += Q[Q_row + c] * K[c + d*(j + n*(b*heads + h))];
             }
             double dov = 0.0;
             for (int64_t c = 0; c < d; ++c) {
-                dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                dov += dO[dO_row + c] * V[c + d*(j + n*(b*heads + h))];
             }
             qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = qk;
             dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = dov;
@@ -832,6 +822,14 @@ __global__ void attention_fwdbwd_owner_f64_keys_edge(
             t4_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t4;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
+            const int64_t Q_row0 = d*(4*i_tile + n*(b*heads + h));
+            const int64_t Q_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
+            const int64_t Q_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
+            const int64_t Q_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
+            const int64_t dO_row0 = d*(4*i_tile + n*(b*heads + h));
+            const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
+            const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
+            const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
             const double t3_0 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
             const double t3_1 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
             const double t3_2 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
@@ -841,20 +839,22 @@ __global__ void attention_fwdbwd_owner_f64_keys_edge(
             const double t4_2 = t4_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
             const double t4_3 = t4_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
             for (int64_t c = 0; c < d; ++c) {
-                dK[c + d*(j + n*(b*heads + h))] += t4_0 * Q[c + d*(4*i_tile + n*(b*heads + h))] + t4_1 * Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t4_2 * Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t4_3 * Q[c + d*(4*i_tile + n*(b*heads + h) + 3)];
+                dK[c + d*(j + n*(b*heads + h))] += t4_0 * Q[Q_row0 + c] + t4_1 * Q[Q_row1 + c] + t4_2 * Q[Q_row2 + c] + t4_3 * Q[Q_row3 + c];
             }
             for (int64_t c = 0; c < d; ++c) {
-                dV[c + d*(j + n*(b*heads + h))] += t3_0 * dO[c + d*(4*i_tile + n*(b*heads + h))] + t3_1 * dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t3_2 * dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t3_3 * dO[c + d*(4*i_tile + n*(b*heads + h) + 3)];
+                dV[c + d*(j + n*(b*heads + h))] += t3_0 * dO[dO_row0 + c] + t3_1 * dO[dO_row1 + c] + t3_2 * dO[dO_row2 + c] + t3_3 * dO[dO_row3 + c];
             }
         }
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
+            const int64_t Q_row = d*(i + n*(b*heads + h));
+            const int64_t dO_row = d*(i + n*(b*heads + h));
             const double t3 = t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
             const double t4 = t4_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
             for (int64_t c = 0; c < d; ++c) {
-                dK[c + d*(j + n*(b*heads + h))] += t4 * Q[c + d*(i + n*(b*heads + h))];
+                dK[c + d*(j + n*(b*heads + h))] += t4 * Q[Q_row + c];
             }
             for (int64_t c = 0; c < d; ++c) {
-                dV[c + d*(j + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];
+                dV[c + d*(j + n*(b*heads + h))] += t3 * dO[dO_row + c];
             }
         }
     }
@@ -888,44 +888,43 @@ extern "C" int attention_fwdbwd_owner_f64(
     double scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*((n) / 4);
+        const int64_t count = batch*heads*((n) / 4), threads = 128;
         attention_fwdbwd_owner_f64_forward<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*(n - 4*((n) / 4));
+        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         attention_fwdbwd_owner_f64_forward_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((n) / 4);
+        const int64_t count = batch*heads*((n) / 4), threads = 128;
         attention_fwdbwd_owner_f64_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*(n - 4*((n) / 4));
+        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         attention_fwdbwd_owner_f64_dQ_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((n) / 4);
+        const int64_t count = batch*heads*((n) / 4), threads = 128;
         attention_fwdbwd_owner_f64_keys<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*(n - 4*((n) / 4));
+        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         attention_fwdbwd_owner_f64_keys_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
@@ -934,42 +933,8 @@ extern "C" int attention_fwdbwd_owner_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* forward: from the DNF
- * O[b, h, i, c] = sum[j2 < n](
- *                     exp(
- *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
- *                         - max[j3 < n](
- *                             scale
- *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K))
- *                         )
- *                     )
- *                     / sum[j4 < n](
- *                         exp(
- *                             scale
- *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K))
- *                             - max[j5 < n](
- *                                 scale
- *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K))
- *                             )
- *                         )
- *                     )
- *                     * (<b h j2 c> psi V)
- *                 )
- * lse[b, h, i] = max[j6 < n](
- *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K))
- *                )
- *                + log(
- *                    sum[j7 < n](
- *                        exp(
- *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K))
- *                            - max[j8 < n](
- *                                scale
- *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K))
- *                            )
- *                        )
- *                    )
- *                )
- * delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
+/* forward: writes O, lse; reads Q, K, V, dO; scratch probs, delta
+ * for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void attention_fwdbwd_owner_f32_forward(
     const float *__restrict__ Q,
@@ -1002,6 +967,10 @@ __global__ void attention_fwdbwd_owner_f32_forward(
     const int64_t i_tile = tid % (((n) / 4));
     const int64_t h = (tid / (((n) / 4))) % heads;
     const int64_t b = (tid / (heads*((n) / 4)));
+    const int64_t dO_row0 = d*(4*i_tile + n*(b*heads + h));
+    const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
+    const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
+    const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
     for (int64_t c = 0; c < d; ++c) {
         O[c + d*(4*i_tile + n*(b*heads + h))] = 0.0f;
         O[c + d*(4*i_tile + n*(b*heads + h) + 1)] = 0.0f;
@@ -1018,15 +987,16 @@ __global__ void attention_fwdbwd_owner_f32_forward(
     float row_sum_3 = 0.0f;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(j + n*(b*heads + h));
             float qk_0 = 0.0f;
             float qk_1 = 0.0f;
             float qk_2 = 0.0f;
             float qk_3 = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                qk_0 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
-                qk_1 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[c + d*(j + n*(b*heads + h))];
-                qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[c + d*(j + n*(b*heads + h))];
-                qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[c + d*(j + n*(b*heads + h))];
+                qk_0 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
+                qk_1 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
             probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
             probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
@@ -1078,6 +1048,10 @@ __global__ void attention_fwdbwd_owner_f32_forward(
             O[c + d*(4*i_tile + n*(b*heads + h) + 3)] = O[c + d*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t V_row0 = d*(4*j_tile + n*(b*heads + h));
+            const int64_t V_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t V_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t V_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
             const float t_0_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const float t_0_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
             const float t_0_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
@@ -1095,22 +1069,23 @@ __global__ void attention_fwdbwd_owner_f32_forward(
             const float t_3_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
             const float t_3_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c] + t_2_0 * V[V_row2 + c] + t_3_0 * V[V_row3 + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c] + t_2_1 * V[V_row2 + c] + t_3_1 * V[V_row3 + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c] + t_2_2 * V[V_row2 + c] + t_3_2 * V[V_row3 + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c] + t_2_3 * V[V_row2 + c] + t_3_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const float t_02 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t_12 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const float t_22 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const float t_32 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const int64_t V_row = d*(j + n*(b*heads + h));
+            const float t_0b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t_1b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            const float t_2b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            const float t_3b = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(4*i_tile + n*(b*heads + h))] += t_02 * V[c + d*(j + n*(b*heads + h))];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_12 * V[c + d*(j + n*(b*heads + h))];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_22 * V[c + d*(j + n*(b*heads + h))];
-                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_32 * V[c + d*(j + n*(b*heads + h))];
+                O[c + d*(4*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_2b * V[V_row + c];
+                O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_3b * V[V_row + c];
             }
         }
         row_max_0 = new_max_0;
@@ -1133,10 +1108,10 @@ __global__ void attention_fwdbwd_owner_f32_forward(
     float rowdot_2 = 0.0f;
     float rowdot_3 = 0.0f;
     for (int64_t c = 0; c < d; ++c) {
-        rowdot_0 += dO[c + d*(4*i_tile + n*(b*heads + h))] * O[c + d*(4*i_tile + n*(b*heads + h))];
-        rowdot_1 += dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] * O[c + d*(4*i_tile + n*(b*heads + h) + 1)];
-        rowdot_2 += dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] * O[c + d*(4*i_tile + n*(b*heads + h) + 2)];
-        rowdot_3 += dO[c + d*(4*i_tile + n*(b*heads + h) + 3)] * O[c + d*(4*i_tile + n*(b*heads + h) + 3)];
+        rowdot_0 += dO[dO_row0 + c] * O[c + d*(4*i_tile + n*(b*heads + h))];
+        rowdot_1 += dO[dO_row1 + c] * O[c + d*(4*i_tile + n*(b*heads + h) + 1)];
+        rowdot_2 += dO[dO_row2 + c] * O[c + d*(4*i_tile + n*(b*heads + h) + 2)];
+        rowdot_3 += dO[dO_row3 + c] * O[c + d*(4*i_tile + n*(b*heads + h) + 3)];
     }
     delta[4*i_tile + n*(b*heads + h)] = rowdot_0;
     delta[4*i_tile + n*(b*heads + h) + 1] = rowdot_1;
@@ -1144,42 +1119,8 @@ __global__ void attention_fwdbwd_owner_f32_forward(
     delta[4*i_tile + n*(b*heads + h) + 3] = rowdot_3;
 }
 
-/* forward.edge: from the DNF
- * O[b, h, i, c] = sum[j2 < n](
- *                     exp(
- *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
- *                         - max[j3 < n](
- *                             scale
- *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j3 c3> psi K))
- *                         )
- *                     )
- *                     / sum[j4 < n](
- *                         exp(
- *                             scale
- *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j4 c4> psi K))
- *                             - max[j5 < n](
- *                                 scale
- *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j5 c5> psi K))
- *                             )
- *                         )
- *                     )
- *                     * (<b h j2 c> psi V)
- *                 )
- * lse[b, h, i] = max[j6 < n](
- *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j6 c6> psi K))
- *                )
- *                + log(
- *                    sum[j7 < n](
- *                        exp(
- *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j7 c7> psi K))
- *                            - max[j8 < n](
- *                                scale
- *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j8 c8> psi K))
- *                            )
- *                        )
- *                    )
- *                )
- * delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
+/* forward.edge: writes O, lse; reads Q, K, V, dO; scratch probs, delta
+ * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void attention_fwdbwd_owner_f32_forward_edge(
     const float *__restrict__ Q,
@@ -1212,6 +1153,7 @@ __global__ void attention_fwdbwd_owner_f32_forward_edge(
     const int64_t i = 4*((n) / 4) + tid % (n - 4*((n) / 4));
     const int64_t h = (tid / (n - 4*((n) / 4))) % heads;
     const int64_t b = (tid / (heads*(n - 4*((n) / 4))));
+    const int64_t dO_row = d*(i + n*(b*heads + h));
     for (int64_t c = 0; c < d; ++c) {
         O[c + d*(i + n*(b*heads + h))] = 0.0f;
     }
@@ -1219,9 +1161,10 @@ __global__ void attention_fwdbwd_owner_f32_forward_edge(
     float row_sum = 0.0f;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(j + n*(b*heads + h));
             float qk = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
             probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
         }
@@ -1243,18 +1186,23 @@ __global__ void attention_fwdbwd_owner_f32_forward_edge(
             O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t V_row0 = d*(4*j_tile + n*(b*heads + h));
+            const int64_t V_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t V_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t V_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
             const float t_0 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const float t_1 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
             const float t_2 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
             const float t_3 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(i + n*(b*heads + h))] += t_0 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                O[c + d*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c] + t_2 * V[V_row2 + c] + t_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t V_row = d*(j + n*(b*heads + h));
             const float t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
             for (int64_t c = 0; c < d; ++c) {
-                O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
+                O[c + d*(i + n*(b*heads + h))] += t * V[V_row + c];
             }
         }
         row_max = new_max;
@@ -1265,22 +1213,13 @@ __global__ void attention_fwdbwd_owner_f32_forward_edge(
     lse[i + n*(b*heads + h)] = row_max + logf(row_sum);
     float rowdot = 0.0f;
     for (int64_t c = 0; c < d; ++c) {
-        rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
+        rowdot += dO[dO_row + c] * O[c + d*(i + n*(b*heads + h))];
     }
     delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* dQ: from the DNF
- * dQ[b, h, i, c] = sum[j9 < n](
- *                      scale
- *                      * exp(
- *                          scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K))
- *                          - (<b h i> psi lse)
- *                      )
- *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
- *                      - (<b h i> psi delta))
- *                      * (<b h j9 c> psi K)
- *                  )
+/* dQ: writes dQ; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t2_block, delta
+ * for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), j_tile / c (simd)
  */
 __global__ void attention_fwdbwd_owner_f32_dQ(
     const float *__restrict__ Q,
@@ -1321,54 +1260,60 @@ __global__ void attention_fwdbwd_owner_f32_dQ(
     }
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            float qk_02 = 0.0f;
-            float qk_12 = 0.0f;
-            float qk_22 = 0.0f;
-            float qk_32 = 0.0f;
+            const int64_t K_row = d*(j + n*(b*heads + h));
+            const int64_t V_row = d*(j + n*(b*heads + h));
+            float qk_0b = 0.0f;
+            float qk_1b = 0.0f;
+            float qk_2b = 0.0f;
+            float qk_3b = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                qk_02 += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
-                qk_12 += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[c + d*(j + n*(b*heads + h))];
-                qk_22 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[c + d*(j + n*(b*heads + h))];
-                qk_32 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[c + d*(j + n*(b*heads + h))];
+                qk_0b += Q[c + d*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
+                qk_1b += Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                qk_2b += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                qk_3b += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
             float dov_0 = 0.0f;
             float dov_1 = 0.0f;
             float dov_2 = 0.0f;
             float dov_3 = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                dov_0 += dO[c + d*(4*i_tile + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
-                dov_1 += dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] * V[c + d*(j + n*(b*heads + h))];
-                dov_2 += dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] * V[c + d*(j + n*(b*heads + h))];
-                dov_3 += dO[c + d*(4*i_tile + n*(b*heads + h) + 3)] * V[c + d*(j + n*(b*heads + h))];
+                dov_0 += dO[c + d*(4*i_tile + n*(b*heads + h))] * V[V_row + c];
+                dov_1 += dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] * V[V_row + c];
+                dov_2 += dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] * V[V_row + c];
+                dov_3 += dO[c + d*(4*i_tile + n*(b*heads + h) + 3)] * V[V_row + c];
             }
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = qk_02;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = qk_12;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = qk_22;
-            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = qk_32;
+            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = qk_0b;
+            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = qk_1b;
+            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = qk_2b;
+            qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = qk_3b;
             dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = dov_0;
             dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = dov_1;
             dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = dov_2;
             dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = dov_3;
         }
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            float qk_02 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            float qk_12 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            float qk_22 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            float qk_32 = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            float qk_0b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            float qk_1b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            float qk_2b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            float qk_3b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
             float dov_0 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
             float dov_1 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
             float dov_2 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
             float dov_3 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-            const float t2_02 = scale * expf(scale * qk_02 - lse[4*i_tile + n*(b*heads + h)]) * (dov_0 - delta[4*i_tile + n*(b*heads + h)]);
-            const float t2_12 = scale * expf(scale * qk_12 - lse[4*i_tile + n*(b*heads + h) + 1]) * (dov_1 - delta[4*i_tile + n*(b*heads + h) + 1]);
-            const float t2_22 = scale * expf(scale * qk_22 - lse[4*i_tile + n*(b*heads + h) + 2]) * (dov_2 - delta[4*i_tile + n*(b*heads + h) + 2]);
-            const float t2_32 = scale * expf(scale * qk_32 - lse[4*i_tile + n*(b*heads + h) + 3]) * (dov_3 - delta[4*i_tile + n*(b*heads + h) + 3]);
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t2_02;
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t2_12;
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t2_22;
-            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = t2_32;
+            const float t2_0b = scale * expf(scale * qk_0b - lse[4*i_tile + n*(b*heads + h)]) * (dov_0 - delta[4*i_tile + n*(b*heads + h)]);
+            const float t2_1b = scale * expf(scale * qk_1b - lse[4*i_tile + n*(b*heads + h) + 1]) * (dov_1 - delta[4*i_tile + n*(b*heads + h) + 1]);
+            const float t2_2b = scale * expf(scale * qk_2b - lse[4*i_tile + n*(b*heads + h) + 2]) * (dov_2 - delta[4*i_tile + n*(b*heads + h) + 2]);
+            const float t2_3b = scale * expf(scale * qk_3b - lse[4*i_tile + n*(b*heads + h) + 3]) * (dov_3 - delta[4*i_tile + n*(b*heads + h) + 3]);
+            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t2_0b;
+            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t2_1b;
+            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t2_2b;
+            t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = t2_3b;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t K_row0 = d*(4*j_tile + n*(b*heads + h));
+            const int64_t K_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t K_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t K_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
             const float t2_0_0 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const float t2_0_1 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
             const float t2_0_2 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
@@ -1386,38 +1331,30 @@ __global__ void attention_fwdbwd_owner_f32_dQ(
             const float t2_3_2 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
             const float t2_3_3 = t2_block[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
             for (int64_t c = 0; c < d; ++c) {
-                dQ[c + d*(4*i_tile + n*(b*heads + h))] += t2_0_0 * K[c + d*(4*j_tile + n*(b*heads + h))] + t2_1_0 * K[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t2_2_0 * K[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t2_3_0 * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t2_0_1 * K[c + d*(4*j_tile + n*(b*heads + h))] + t2_1_1 * K[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t2_2_1 * K[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t2_3_1 * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                dQ[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t2_0_2 * K[c + d*(4*j_tile + n*(b*heads + h))] + t2_1_2 * K[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t2_2_2 * K[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t2_3_2 * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
-                dQ[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t2_0_3 * K[c + d*(4*j_tile + n*(b*heads + h))] + t2_1_3 * K[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t2_2_3 * K[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t2_3_3 * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                dQ[c + d*(4*i_tile + n*(b*heads + h))] += t2_0_0 * K[K_row0 + c] + t2_1_0 * K[K_row1 + c] + t2_2_0 * K[K_row2 + c] + t2_3_0 * K[K_row3 + c];
+                dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t2_0_1 * K[K_row0 + c] + t2_1_1 * K[K_row1 + c] + t2_2_1 * K[K_row2 + c] + t2_3_1 * K[K_row3 + c];
+                dQ[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t2_0_2 * K[K_row0 + c] + t2_1_2 * K[K_row1 + c] + t2_2_2 * K[K_row2 + c] + t2_3_2 * K[K_row3 + c];
+                dQ[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t2_0_3 * K[K_row0 + c] + t2_1_3 * K[K_row1 + c] + t2_2_3 * K[K_row2 + c] + t2_3_3 * K[K_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const float t2_02 = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t2_12 = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const float t2_22 = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const float t2_32 = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const int64_t K_row = d*(j + n*(b*heads + h));
+            const float t2_0b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t2_1b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            const float t2_2b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            const float t2_3b = t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
             for (int64_t c = 0; c < d; ++c) {
-                dQ[c + d*(4*i_tile + n*(b*heads + h))] += t2_02 * K[c + d*(j + n*(b*heads + h))];
-                dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t2_12 * K[c + d*(j + n*(b*heads + h))];
-                dQ[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t2_22 * K[c + d*(j + n*(b*heads + h))];
-                dQ[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t2_32 * K[c + d*(j + n*(b*heads + h))];
+                dQ[c + d*(4*i_tile + n*(b*heads + h))] += t2_0b * K[K_row + c];
+                dQ[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t2_1b * K[K_row + c];
+                dQ[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t2_2b * K[K_row + c];
+                dQ[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t2_3b * K[K_row + c];
             }
         }
     }
 }
 
-/* dQ.edge: from the DNF
- * dQ[b, h, i, c] = sum[j9 < n](
- *                      scale
- *                      * exp(
- *                          scale * sum[c9 < d]((<b h i c9> psi Q) * (<b h j9 c9> psi K))
- *                          - (<b h i> psi lse)
- *                      )
- *                      * (sum[c10 < d]((<b h i c10> psi dO) * (<b h j9 c10> psi V))
- *                      - (<b h i> psi delta))
- *                      * (<b h j9 c> psi K)
- *                  )
+/* dQ.edge: writes dQ; reads Q, K, dO, V, lse; scratch qk_block, dov_block, t2_block, delta
+ * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), j_tile / c (simd)
  */
 __global__ void attention_fwdbwd_owner_f32_dQ_edge(
     const float *__restrict__ Q,
@@ -1455,13 +1392,15 @@ __global__ void attention_fwdbwd_owner_f32_dQ_edge(
     }
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(j + n*(b*heads + h));
+            const int64_t V_row = d*(j + n*(b*heads + h));
             float qk = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
             float dov = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                dov += dO[c + d*(i + n*(b*heads + h))] * V[V_row + c];
             }
             qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = qk;
             dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = dov;
@@ -1473,43 +1412,30 @@ __global__ void attention_fwdbwd_owner_f32_dQ_edge(
             t2_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = t2;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t K_row0 = d*(4*j_tile + n*(b*heads + h));
+            const int64_t K_row1 = d*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t K_row2 = d*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t K_row3 = d*(4*j_tile + n*(b*heads + h) + 3);
             const float t2_0 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const float t2_1 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
             const float t2_2 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
             const float t2_3 = t2_block[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
             for (int64_t c = 0; c < d; ++c) {
-                dQ[c + d*(i + n*(b*heads + h))] += t2_0 * K[c + d*(4*j_tile + n*(b*heads + h))] + t2_1 * K[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t2_2 * K[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t2_3 * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                dQ[c + d*(i + n*(b*heads + h))] += t2_0 * K[K_row0 + c] + t2_1 * K[K_row1 + c] + t2_2 * K[K_row2 + c] + t2_3 * K[K_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = d*(j + n*(b*heads + h));
             const float t2 = t2_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
             for (int64_t c = 0; c < d; ++c) {
-                dQ[c + d*(i + n*(b*heads + h))] += t2 * K[c + d*(j + n*(b*heads + h))];
+                dQ[c + d*(i + n*(b*heads + h))] += t2 * K[K_row + c];
             }
         }
     }
 }
 
-/* keys: from the DNF
- * dK[b, h, j, c] = sum[i2 < n](
- *                      scale
- *                      * exp(
- *                          scale
- *                          * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K))
- *                          - (<b h i2> psi lse)
- *                      )
- *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
- *                      - (<b h i2> psi delta))
- *                      * (<b h i2 c> psi Q)
- *                  )
- * dV[b, h, j, c] = sum[i3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K))
- *                          - (<b h i3> psi lse)
- *                      )
- *                      * (<b h i3 c> psi dO)
- *                  )
+/* keys: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block2, dov_block2, t3_block, t4_block, delta
+ * for b, h, j_tile (parallel) / c (simd), i_blk / i, i (simd), i_tile / c (simd)
  */
 __global__ void attention_fwdbwd_owner_f32_keys(
     const float *__restrict__ Q,
@@ -1554,62 +1480,72 @@ __global__ void attention_fwdbwd_owner_f32_keys(
     }
     for (int64_t i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            float qk_03 = 0.0f;
-            float qk_13 = 0.0f;
-            float qk_23 = 0.0f;
-            float qk_33 = 0.0f;
+            const int64_t Q_row = d*(i + n*(b*heads + h));
+            const int64_t dO_row = d*(i + n*(b*heads + h));
+            float qk_0c = 0.0f;
+            float qk_1c = 0.0f;
+            float qk_2c = 0.0f;
+            float qk_3c = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                qk_03 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_tile + n*(b*heads + h))];
-                qk_13 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_tile + n*(b*heads + h) + 1)];
-                qk_23 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_tile + n*(b*heads + h) + 2)];
-                qk_33 += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                qk_0c += Q[Q_row + c] * K[c + d*(4*j_tile + n*(b*heads + h))];
+                qk_1c += Q[Q_row + c] * K[c + d*(4*j_tile + n*(b*heads + h) + 1)];
+                qk_2c += Q[Q_row + c] * K[c + d*(4*j_tile + n*(b*heads + h) + 2)];
+                qk_3c += Q[Q_row + c] * K[c + d*(4*j_tile + n*(b*heads + h) + 3)];
             }
-            float dov_02 = 0.0f;
-            float dov_12 = 0.0f;
-            float dov_22 = 0.0f;
-            float dov_32 = 0.0f;
+            float dov_0b = 0.0f;
+            float dov_1b = 0.0f;
+            float dov_2b = 0.0f;
+            float dov_3b = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                dov_02 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_tile + n*(b*heads + h))];
-                dov_12 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_tile + n*(b*heads + h) + 1)];
-                dov_22 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_tile + n*(b*heads + h) + 2)];
-                dov_32 += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                dov_0b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h))];
+                dov_1b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 1)];
+                dov_2b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 2)];
+                dov_3b += dO[dO_row + c] * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
             }
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = qk_03;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = qk_13;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = qk_23;
-            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = qk_33;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = dov_02;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = dov_12;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = dov_22;
-            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = dov_32;
+            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = qk_0c;
+            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = qk_1c;
+            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = qk_2c;
+            qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = qk_3c;
+            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = dov_0b;
+            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = dov_1b;
+            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = dov_2b;
+            dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = dov_3b;
         }
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            float qk_03 = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            float qk_13 = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            float qk_23 = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            float qk_33 = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            float dov_02 = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            float dov_12 = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            float dov_22 = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            float dov_32 = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const float t3_02 = expf(scale * qk_03 - lse[i + n*(b*heads + h)]);
-            const float t3_12 = expf(scale * qk_13 - lse[i + n*(b*heads + h)]);
-            const float t3_22 = expf(scale * qk_23 - lse[i + n*(b*heads + h)]);
-            const float t3_32 = expf(scale * qk_33 - lse[i + n*(b*heads + h)]);
-            const float t4_02 = scale * t3_02 * (dov_02 - delta[i + n*(b*heads + h)]);
-            const float t4_12 = scale * t3_12 * (dov_12 - delta[i + n*(b*heads + h)]);
-            const float t4_22 = scale * t3_22 * (dov_22 - delta[i + n*(b*heads + h)]);
-            const float t4_32 = scale * t3_32 * (dov_32 - delta[i + n*(b*heads + h)]);
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t3_02;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t3_12;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t3_22;
-            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t3_32;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t4_02;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t4_12;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t4_22;
-            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t4_32;
+            float qk_0c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
+            float qk_1c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
+            float qk_2c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
+            float qk_3c = qk_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            float dov_0b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
+            float dov_1b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
+            float dov_2b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
+            float dov_3b = dov_block2[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            const float t3_0b = expf(scale * qk_0c - lse[i + n*(b*heads + h)]);
+            const float t3_1b = expf(scale * qk_1c - lse[i + n*(b*heads + h)]);
+            const float t3_2b = expf(scale * qk_2c - lse[i + n*(b*heads + h)]);
+            const float t3_3b = expf(scale * qk_3c - lse[i + n*(b*heads + h)]);
+            const float t4_0b = scale * t3_0b * (dov_0b - delta[i + n*(b*heads + h)]);
+            const float t4_1b = scale * t3_1b * (dov_1b - delta[i + n*(b*heads + h)]);
+            const float t4_2b = scale * t3_2b * (dov_2b - delta[i + n*(b*heads + h)]);
+            const float t4_3b = scale * t3_3b * (dov_3b - delta[i + n*(b*heads + h)]);
+            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t3_0b;
+            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t3_1b;
+            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t3_2b;
+            t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t3_3b;
+            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)] = t4_0b;
+            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64] = t4_1b;
+            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128] = t4_2b;
+            t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192] = t4_3b;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
+            const int64_t Q_row0 = d*(4*i_tile + n*(b*heads + h));
+            const int64_t Q_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
+            const int64_t Q_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
+            const int64_t Q_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
+            const int64_t dO_row0 = d*(4*i_tile + n*(b*heads + h));
+            const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
+            const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
+            const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
             const float t3_0_0 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h)];
             const float t3_0_1 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 64];
             const float t3_0_2 = t3_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 128];
@@ -1643,63 +1579,47 @@ __global__ void attention_fwdbwd_owner_f32_keys(
             const float t4_3_2 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 131];
             const float t4_3_3 = t4_block[-64*i_blk + 4*i_tile + 256*j_tile + 64*n*(b*heads + h) + 195];
             for (int64_t c = 0; c < d; ++c) {
-                dK[c + d*(4*j_tile + n*(b*heads + h))] += t4_0_0 * Q[c + d*(4*i_tile + n*(b*heads + h))] + t4_1_0 * Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t4_2_0 * Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t4_3_0 * Q[c + d*(4*i_tile + n*(b*heads + h) + 3)];
-                dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t4_0_1 * Q[c + d*(4*i_tile + n*(b*heads + h))] + t4_1_1 * Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t4_2_1 * Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t4_3_1 * Q[c + d*(4*i_tile + n*(b*heads + h) + 3)];
-                dK[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t4_0_2 * Q[c + d*(4*i_tile + n*(b*heads + h))] + t4_1_2 * Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t4_2_2 * Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t4_3_2 * Q[c + d*(4*i_tile + n*(b*heads + h) + 3)];
-                dK[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t4_0_3 * Q[c + d*(4*i_tile + n*(b*heads + h))] + t4_1_3 * Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t4_2_3 * Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t4_3_3 * Q[c + d*(4*i_tile + n*(b*heads + h) + 3)];
+                dK[c + d*(4*j_tile + n*(b*heads + h))] += t4_0_0 * Q[Q_row0 + c] + t4_1_0 * Q[Q_row1 + c] + t4_2_0 * Q[Q_row2 + c] + t4_3_0 * Q[Q_row3 + c];
+                dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t4_0_1 * Q[Q_row0 + c] + t4_1_1 * Q[Q_row1 + c] + t4_2_1 * Q[Q_row2 + c] + t4_3_1 * Q[Q_row3 + c];
+                dK[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t4_0_2 * Q[Q_row0 + c] + t4_1_2 * Q[Q_row1 + c] + t4_2_2 * Q[Q_row2 + c] + t4_3_2 * Q[Q_row3 + c];
+                dK[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t4_0_3 * Q[Q_row0 + c] + t4_1_3 * Q[Q_row1 + c] + t4_2_3 * Q[Q_row2 + c] + t4_3_3 * Q[Q_row3 + c];
             }
             for (int64_t c = 0; c < d; ++c) {
-                dV[c + d*(4*j_tile + n*(b*heads + h))] += t3_0_0 * dO[c + d*(4*i_tile + n*(b*heads + h))] + t3_1_0 * dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t3_2_0 * dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t3_3_0 * dO[c + d*(4*i_tile + n*(b*heads + h) + 3)];
-                dV[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t3_0_1 * dO[c + d*(4*i_tile + n*(b*heads + h))] + t3_1_1 * dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t3_2_1 * dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t3_3_1 * dO[c + d*(4*i_tile + n*(b*heads + h) + 3)];
-                dV[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t3_0_2 * dO[c + d*(4*i_tile + n*(b*heads + h))] + t3_1_2 * dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t3_2_2 * dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t3_3_2 * dO[c + d*(4*i_tile + n*(b*heads + h) + 3)];
-                dV[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t3_0_3 * dO[c + d*(4*i_tile + n*(b*heads + h))] + t3_1_3 * dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t3_2_3 * dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t3_3_3 * dO[c + d*(4*i_tile + n*(b*heads + h) + 3)];
+                dV[c + d*(4*j_tile + n*(b*heads + h))] += t3_0_0 * dO[dO_row0 + c] + t3_1_0 * dO[dO_row1 + c] + t3_2_0 * dO[dO_row2 + c] + t3_3_0 * dO[dO_row3 + c];
+                dV[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t3_0_1 * dO[dO_row0 + c] + t3_1_1 * dO[dO_row1 + c] + t3_2_1 * dO[dO_row2 + c] + t3_3_1 * dO[dO_row3 + c];
+                dV[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t3_0_2 * dO[dO_row0 + c] + t3_1_2 * dO[dO_row1 + c] + t3_2_2 * dO[dO_row2 + c] + t3_3_2 * dO[dO_row3 + c];
+                dV[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t3_0_3 * dO[dO_row0 + c] + t3_1_3 * dO[dO_row1 + c] + t3_2_3 * dO[dO_row2 + c] + t3_3_3 * dO[dO_row3 + c];
             }
         }
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
-            const float t3_02 = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const float t3_12 = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t3_22 = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t3_32 = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
-            const float t4_02 = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
-            const float t4_12 = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
-            const float t4_22 = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
-            const float t4_32 = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            const int64_t Q_row = d*(i + n*(b*heads + h));
+            const int64_t dO_row = d*(i + n*(b*heads + h));
+            const float t3_0b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
+            const float t3_1b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
+            const float t3_2b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
+            const float t3_3b = t3_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
+            const float t4_0b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h)];
+            const float t4_1b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 64];
+            const float t4_2b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 128];
+            const float t4_3b = t4_block[i - 64*i_blk + 256*j_tile + 64*n*(b*heads + h) + 192];
             for (int64_t c = 0; c < d; ++c) {
-                dK[c + d*(4*j_tile + n*(b*heads + h))] += t4_02 * Q[c + d*(i + n*(b*heads + h))];
-                dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t4_12 * Q[c + d*(i + n*(b*heads + h))];
-                dK[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t4_22 * Q[c + d*(i + n*(b*heads + h))];
-                dK[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t4_32 * Q[c + d*(i + n*(b*heads + h))];
+                dK[c + d*(4*j_tile + n*(b*heads + h))] += t4_0b * Q[Q_row + c];
+                dK[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t4_1b * Q[Q_row + c];
+                dK[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t4_2b * Q[Q_row + c];
+                dK[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t4_3b * Q[Q_row + c];
             }
             for (int64_t c = 0; c < d; ++c) {
-                dV[c + d*(4*j_tile + n*(b*heads + h))] += t3_02 * dO[c + d*(i + n*(b*heads + h))];
-                dV[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t3_12 * dO[c + d*(i + n*(b*heads + h))];
-                dV[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t3_22 * dO[c + d*(i + n*(b*heads + h))];
-                dV[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t3_32 * dO[c + d*(i + n*(b*heads + h))];
+                dV[c + d*(4*j_tile + n*(b*heads + h))] += t3_0b * dO[dO_row + c];
+                dV[c + d*(4*j_tile + n*(b*heads + h) + 1)] += t3_1b * dO[dO_row + c];
+                dV[c + d*(4*j_tile + n*(b*heads + h) + 2)] += t3_2b * dO[dO_row + c];
+                dV[c + d*(4*j_tile + n*(b*heads + h) + 3)] += t3_3b * dO[dO_row + c];
             }
         }
     }
 }
 
-/* keys.edge: from the DNF
- * dK[b, h, j, c] = sum[i2 < n](
- *                      scale
- *                      * exp(
- *                          scale
- *                          * sum[c12 < d]((<b h i2 c12> psi Q) * (<b h j c12> psi K))
- *                          - (<b h i2> psi lse)
- *                      )
- *                      * (sum[c13 < d]((<b h i2 c13> psi dO) * (<b h j c13> psi V))
- *                      - (<b h i2> psi delta))
- *                      * (<b h i2 c> psi Q)
- *                  )
- * dV[b, h, j, c] = sum[i3 < n](
- *                      exp(
- *                          scale
- *                          * sum[c14 < d]((<b h i3 c14> psi Q) * (<b h j c14> psi K))
- *                          - (<b h i3> psi lse)
- *                      )
- *                      * (<b h i3 c> psi dO)
- *                  )
+/* keys.edge: writes dK, dV; reads Q, K, dO, V, lse; scratch qk_block2, dov_block2, t3_block, t4_block, delta
+ * for b, h, j (parallel) / c (simd), i_blk / i, i (simd), i_tile / c (simd)
  */
 __global__ void attention_fwdbwd_owner_f32_keys_edge(
     const float *__restrict__ Q,
@@ -1738,13 +1658,15 @@ __global__ void attention_fwdbwd_owner_f32_keys_edge(
     }
     for (int64_t i_blk = 0; i_blk < ((n + 63) / 64); ++i_blk) {
         for (int64_t i = 64*i_blk; i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
+            const int64_t Q_row = d*(i + n*(b*heads + h));
+            const int64_t dO_row = d*(i + n*(b*heads + h));
             float qk = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
+                qk += Q[Q_row + c] * K[c + d*(j + n*(b*heads + h))];
             }
             float dov = 0.0f;
             for (int64_t c = 0; c < d; ++c) {
-                dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
+                dov += dO[dO_row + c] * V[c + d*(j + n*(b*heads + h))];
             }
             qk_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = qk;
             dov_block2[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = dov;
@@ -1758,6 +1680,14 @@ __global__ void attention_fwdbwd_owner_f32_keys_edge(
             t4_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)] = t4;
         }
         for (int64_t i_tile = 16*i_blk; i_tile < (((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); ++i_tile) {
+            const int64_t Q_row0 = d*(4*i_tile + n*(b*heads + h));
+            const int64_t Q_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
+            const int64_t Q_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
+            const int64_t Q_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
+            const int64_t dO_row0 = d*(4*i_tile + n*(b*heads + h));
+            const int64_t dO_row1 = d*(4*i_tile + n*(b*heads + h) + 1);
+            const int64_t dO_row2 = d*(4*i_tile + n*(b*heads + h) + 2);
+            const int64_t dO_row3 = d*(4*i_tile + n*(b*heads + h) + 3);
             const float t3_0 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h)];
             const float t3_1 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 1];
             const float t3_2 = t3_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
@@ -1767,20 +1697,22 @@ __global__ void attention_fwdbwd_owner_f32_keys_edge(
             const float t4_2 = t4_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 2];
             const float t4_3 = t4_block[-64*i_blk + 4*i_tile + 64*j + 64*n*(b*heads + h) + 3];
             for (int64_t c = 0; c < d; ++c) {
-                dK[c + d*(j + n*(b*heads + h))] += t4_0 * Q[c + d*(4*i_tile + n*(b*heads + h))] + t4_1 * Q[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t4_2 * Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t4_3 * Q[c + d*(4*i_tile + n*(b*heads + h) + 3)];
+                dK[c + d*(j + n*(b*heads + h))] += t4_0 * Q[Q_row0 + c] + t4_1 * Q[Q_row1 + c] + t4_2 * Q[Q_row2 + c] + t4_3 * Q[Q_row3 + c];
             }
             for (int64_t c = 0; c < d; ++c) {
-                dV[c + d*(j + n*(b*heads + h))] += t3_0 * dO[c + d*(4*i_tile + n*(b*heads + h))] + t3_1 * dO[c + d*(4*i_tile + n*(b*heads + h) + 1)] + t3_2 * dO[c + d*(4*i_tile + n*(b*heads + h) + 2)] + t3_3 * dO[c + d*(4*i_tile + n*(b*heads + h) + 3)];
+                dV[c + d*(j + n*(b*heads + h))] += t3_0 * dO[dO_row0 + c] + t3_1 * dO[dO_row1 + c] + t3_2 * dO[dO_row2 + c] + t3_3 * dO[dO_row3 + c];
             }
         }
         for (int64_t i = 4*(((n < 64*i_blk + 64 ? n : 64*i_blk + 64)) / 4); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
+            const int64_t Q_row = d*(i + n*(b*heads + h));
+            const int64_t dO_row = d*(i + n*(b*heads + h));
             const float t3 = t3_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
             const float t4 = t4_block[i - 64*i_blk + 64*j + 64*n*(b*heads + h)];
             for (int64_t c = 0; c < d; ++c) {
-                dK[c + d*(j + n*(b*heads + h))] += t4 * Q[c + d*(i + n*(b*heads + h))];
+                dK[c + d*(j + n*(b*heads + h))] += t4 * Q[Q_row + c];
             }
             for (int64_t c = 0; c < d; ++c) {
-                dV[c + d*(j + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];
+                dV[c + d*(j + n*(b*heads + h))] += t3 * dO[dO_row + c];
             }
         }
     }
@@ -1814,44 +1746,43 @@ extern "C" int attention_fwdbwd_owner_f32(
     float scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*heads*((n) / 4);
+        const int64_t count = batch*heads*((n) / 4), threads = 128;
         attention_fwdbwd_owner_f32_forward<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*(n - 4*((n) / 4));
+        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         attention_fwdbwd_owner_f32_forward_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((n) / 4);
+        const int64_t count = batch*heads*((n) / 4), threads = 128;
         attention_fwdbwd_owner_f32_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*(n - 4*((n) / 4));
+        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         attention_fwdbwd_owner_f32_dQ_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((n) / 4);
+        const int64_t count = batch*heads*((n) / 4), threads = 128;
         attention_fwdbwd_owner_f32_keys<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*(n - 4*((n) / 4));
+        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         attention_fwdbwd_owner_f32_keys_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();

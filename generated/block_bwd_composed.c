@@ -4,6 +4,87 @@
  * Schedule: norm2_apply = rmsnorm_apply dnf; mlp = mlp_bwd tiled; norm2 = rmsnorm_bwd dnf; add2 = residual_add dnf; out = out_proj_bwd tiled; attn = attention_bwd dnf; norm1_apply = rmsnorm_apply dnf; qkv = qkv_proj_bwd tiled; norm1 = rmsnorm_bwd dnf; add1 = residual_add dnf.
  * Do not edit; regenerate with: moagen emit --lang c block_bwd --variant composed
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * stage norm2_apply: rmsnorm_apply dnf
+ * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+ * stage mlp: mlp_bwd tiled
+ * WdT[c, e] = (<e c> psi Wd)
+ * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+ * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+ * WgT[e, c] = (<c e> psi Wg)
+ * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+ * WuT[e, c] = (<c e> psi Wu)
+ * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+ *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+ * XT[b, c, i] = (<b i c> psi X)
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+ * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+ * stage norm2: rmsnorm_bwd dnf
+ * dx[b, i, c] = (<b i> psi inv_rms)
+ *               * ((<b i c> psi dz) * (<c> psi weight)
+ *               - (<b i c> psi x) * (<b i> psi inv_rms)
+ *               * sum[c2 < d](
+ *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
+ *               )
+ *               / d)
+ * dweight[c] = sum[b2 < batch](
+ *                  sum[i2 < n](
+ *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+ *                  )
+ *              )
+ * stage add2: residual_add dnf
+ * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+ * stage out: out_proj_bwd tiled
+ * WoT[h, m, c] = (<h c m> psi Wo)
+ * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+ * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+ * stage attn: attention_bwd dnf
+ * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+ * dQ[b, h, i, c] = sum[j2 < n](
+ *                      scale
+ *                      * exp(
+ *                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
+ *                          - (<b h i> psi lse)
+ *                      )
+ *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
+ *                      - (<b h i> psi delta))
+ *                      * (<b h j2 c> psi K)
+ *                  )
+ * dK[b, h, j, c] = sum[i2 < n](
+ *                      scale
+ *                      * exp(
+ *                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
+ *                          - (<b h i2> psi lse)
+ *                      )
+ *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
+ *                      - (<b h i2> psi delta))
+ *                      * (<b h i2 c> psi Q)
+ *                  )
+ * dV[b, h, j, c] = sum[i3 < n](
+ *                      exp(
+ *                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
+ *                          - (<b h i3> psi lse)
+ *                      )
+ *                      * (<b h i3 c> psi dO)
+ *                  )
+ * stage norm1_apply: rmsnorm_apply dnf
+ * stage qkv: qkv_proj_bwd tiled
+ * WqT[h, c, m] = (<m h c> psi Wq)
+ * WkT[h, c, m] = (<m h c> psi Wk)
+ * WvT[h, c, m] = (<m h c> psi Wv)
+ * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+ *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+ *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+ * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+ * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+ * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+ * stage norm1: rmsnorm_bwd dnf
+ * stage add1: residual_add dnf
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -97,14 +178,19 @@ static void block_bwd_composed_f64_mlp_dH(
     double scale
 )
 {
-    /* mlp.dH: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t dy_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t dy_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t dy_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t dy_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t dy_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t dy_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -154,54 +240,54 @@ static void block_bwd_composed_f64_mlp_dH(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
                 }
                 mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -339,14 +425,19 @@ static void block_bwd_composed_f64_mlp_V(
     double scale
 )
 {
-    /* mlp.V: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -396,54 +487,54 @@ static void block_bwd_composed_f64_mlp_V(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
                 }
                 mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -581,15 +672,25 @@ static void block_bwd_composed_f64_mlp_dX(
     double scale
 )
 {
-    /* mlp.dX: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
+     * for b, c_tile (parallel) / i_tile / e (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t mlp_dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t mlp_dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t mlp_dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t mlp_dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t mlp_dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t mlp_dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                const int64_t mlp_dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t mlp_dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t mlp_dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t mlp_dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t mlp_dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t mlp_dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -639,54 +740,54 @@ static void block_bwd_composed_f64_mlp_dX(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t e = 0; e < dff; ++e) {
-                    acc_0_0 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                    acc_0_1 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_0_2 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_0_3 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_0_4 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_0_5 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_0_6 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_0_7 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_1_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                    acc_1_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_1_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_1_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_1_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_1_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_1_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_1_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_2_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                    acc_2_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_2_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_2_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_2_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_2_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_2_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_2_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_3_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                    acc_3_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_3_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_3_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_3_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_3_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_3_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_3_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_4_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                    acc_4_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_4_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_4_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_4_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_4_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_4_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_4_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_5_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                    acc_5_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_5_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_5_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_5_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_5_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_5_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_5_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_0_0 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                    acc_0_1 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_0_2 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_0_3 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_0_4 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_0_5 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_0_6 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_0_7 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_1_0 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                    acc_1_1 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_1_2 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_1_3 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_1_4 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_1_5 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_1_6 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_1_7 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_2_0 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                    acc_2_1 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_2_2 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_2_3 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_2_4 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_2_5 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_2_6 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_2_7 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_3_0 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                    acc_3_1 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_3_2 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_3_3 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_3_4 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_3_5 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_3_6 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_3_7 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_4_0 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                    acc_4_1 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_4_2 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_4_3 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_4_4 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_4_5 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_4_6 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_4_7 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_5_0 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                    acc_5_1 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_5_2 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_5_3 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_5_4 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_5_5 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_5_6 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_5_7 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
                 }
                 dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                 dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -824,9 +925,8 @@ static void block_bwd_composed_f64_mlp_dWg(
     double scale
 )
 {
-    /* mlp.dWg: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -880,55 +980,61 @@ static void block_bwd_composed_f64_mlp_dWg(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
+                const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
             dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -1066,9 +1172,8 @@ static void block_bwd_composed_f64_mlp_dWu(
     double scale
 )
 {
-    /* mlp.dWu: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -1122,55 +1227,61 @@ static void block_bwd_composed_f64_mlp_dWu(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
+                const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
             dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -1308,9 +1419,8 @@ static void block_bwd_composed_f64_mlp_dWd(
     double scale
 )
 {
-    /* mlp.dWd: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
+     * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
@@ -1364,55 +1474,61 @@ static void block_bwd_composed_f64_mlp_dWd(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
+                const int64_t mlp_HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
+                const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
+                const int64_t mlp_HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
+                const int64_t mlp_HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
+                const int64_t mlp_HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
+                const int64_t mlp_HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_0_1 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_0_2 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_0_3 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_0_4 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_0_5 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_0_6 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_0_7 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_1_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_1_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_1_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_1_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_1_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_1_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_1_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_1_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_2_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_2_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_2_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_2_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_2_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_2_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_2_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_2_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_3_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_3_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_3_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_3_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_3_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_3_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_3_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_3_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_4_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_4_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_4_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_4_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_4_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_4_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_4_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_4_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_5_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_5_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_5_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_5_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_5_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_5_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_5_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_5_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_0_4 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_0_5 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_0_6 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_0_7 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_1_4 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_1_5 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_1_6 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_1_7 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_2_0 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_2_1 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_2_2 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_2_3 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_2_4 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_2_5 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_2_6 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_2_7 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_3_0 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_3_1 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_3_2 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_3_3 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_3_4 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_3_5 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_3_6 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_3_7 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_4_0 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_4_1 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_4_2 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_4_3 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_4_4 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_4_5 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_4_6 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_4_7 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_5_0 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_5_1 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_5_2 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_5_3 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_5_4 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_5_5 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_5_6 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_5_7 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
                 }
             }
             dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
@@ -1550,15 +1666,20 @@ static void block_bwd_composed_f64_out_dO(
     double scale
 )
 {
-    /* out.dO: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    /* out.dO: scratch dattn, dresid, out_WoT_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
                 for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t dresid_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dresid_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dresid_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dresid_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dresid_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dresid_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     double acc_0_0 = 0.0;
                     double acc_0_1 = 0.0;
                     double acc_0_2 = 0.0;
@@ -1608,54 +1729,54 @@ static void block_bwd_composed_f64_out_dO(
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
                     for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_0_0 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
                     }
                     dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                     dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -1794,9 +1915,8 @@ static void block_bwd_composed_f64_out_dWo(
     double scale
 )
 {
-    /* out.dWo: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    /* out.dWo: writes dWo; reads attn; scratch out_dY_panel
+     * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -2038,11 +2158,8 @@ static void block_bwd_composed_f64_qkv_dX(
     double scale
 )
 {
-    /* qkv.dX: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* qkv.dX: scratch dxn1, dQ, qkv_WqT_panel, dK, qkv_WkT_panel, dV, qkv_WvT_panel
+     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2097,55 +2214,73 @@ static void block_bwd_composed_f64_qkv_dX(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_0_0 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
                     }
                 }
                 dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -2284,9 +2419,8 @@ static void block_bwd_composed_f64_qkv_dWq(
     double scale
 )
 {
-    /* qkv.dWq: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    /* qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -2528,9 +2662,8 @@ static void block_bwd_composed_f64_qkv_dWk(
     double scale
 )
 {
-    /* qkv.dWk: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    /* qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -2772,9 +2905,8 @@ static void block_bwd_composed_f64_qkv_dWv(
     double scale
 )
 {
-    /* qkv.dWv: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    /* qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -3015,9 +3147,8 @@ void block_bwd_composed_f64(
     double scale
 )
 {
-    /* norm2_apply.z: from the DNF
-     * stage norm2_apply: rmsnorm_apply dnf
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* norm2_apply.z: reads norm2, resid, inv_rms2; scratch xn2
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3028,9 +3159,8 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* mlp.WdT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * WdT[c, e] = (<e c> psi Wd)
+    /* mlp.WdT: reads Wd; scratch mlp_WdT
+     * for c (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -3039,23 +3169,22 @@ void block_bwd_composed_f64(
             mlp_WdT[c*dff + e] = Wd[c + dm*e];
         }
     }
-    /* mlp.dH.pack_WdT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* mlp.dH.pack_WdT: scratch mlp_WdT_panel, mlp_WdT
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t mlp_WdT_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
+                mlp_WdT_panel[mlp_WdT_panel_row + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
             }
         }
     }
     block_bwd_composed_f64_mlp_dH(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* mlp.dH.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* mlp.dH.edge: reads dy; scratch mlp_dH, mlp_WdT
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3070,23 +3199,22 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* mlp.V.pack_Wu: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+                mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
             }
         }
     }
     block_bwd_composed_f64_mlp_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* mlp.V.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.V.edge: reads Wu; scratch mlp_V, xn2
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3101,23 +3229,22 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* mlp.dU: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+    /* mlp.dU: reads U; scratch mlp_dU, mlp_dH, mlp_V
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
-                const double t = 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e]));
-                mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0 + U[dff*(b*n + i) + e] * (1.0 - t));
+                const double t = 1.0 / (1.0 + exp(-U[U_row + e]));
+                mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0 + U[U_row + e] * (1.0 - t));
             }
         }
     }
-    /* mlp.WgT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * WgT[e, c] = (<c e> psi Wg)
+    /* mlp.WgT: reads Wg; scratch mlp_WgT
+     * for e (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -3126,9 +3253,8 @@ void block_bwd_composed_f64(
             mlp_WgT[c + dm*e] = Wg[c*dff + e];
         }
     }
-    /* mlp.dV: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+    /* mlp.dV: reads U; scratch mlp_dV, mlp_dH
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3139,9 +3265,8 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* mlp.WuT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * WuT[e, c] = (<c e> psi Wu)
+    /* mlp.WuT: reads Wu; scratch mlp_WuT
+     * for e (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -3150,39 +3275,35 @@ void block_bwd_composed_f64(
             mlp_WuT[c + dm*e] = Wu[c*dff + e];
         }
     }
-    /* mlp.dX.pack_WgT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* mlp.dX.pack_WgT: scratch mlp_WgT_panel, mlp_WgT
+     * for c_tile (parallel) / e / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            const int64_t mlp_WgT_panel_row = 8*c_tile*dff + 8*e;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
+                mlp_WgT_panel[mlp_WgT_panel_row + lane] = mlp_WgT[8*c_tile + dm*e + lane];
             }
         }
     }
-    /* mlp.dX.pack_WuT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* mlp.dX.pack_WuT: scratch mlp_WuT_panel, mlp_WuT
+     * for c_tile (parallel) / e / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            const int64_t mlp_WuT_panel_row = 8*c_tile*dff + 8*e;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
+                mlp_WuT_panel[mlp_WuT_panel_row + lane] = mlp_WuT[8*c_tile + dm*e + lane];
             }
         }
     }
     block_bwd_composed_f64_mlp_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* mlp.dX.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* mlp.dX.edge: scratch dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT
+     * for b, i (parallel) / c / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3197,9 +3318,8 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* mlp.XT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * XT[b, c, i] = (<b i c> psi X)
+    /* mlp.XT: scratch mlp_XT, xn2
+     * for b, c (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3210,25 +3330,25 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* mlp.dWg.pack_dU: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* mlp.dWg.pack_dU: scratch mlp_dU_panel, mlp_dU
+     * for e_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t mlp_dU_panel_row = 8*i + 8*n*(b + batch*e_tile);
+                const int64_t mlp_dU_row = dff*(b*n + i) + 8*e_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
+                    mlp_dU_panel[mlp_dU_panel_row + lane] = mlp_dU[mlp_dU_row + lane];
                 }
             }
         }
     }
     block_bwd_composed_f64_mlp_dWg(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* mlp.dWg.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
+     * for c (parallel) / e / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -3245,25 +3365,25 @@ void block_bwd_composed_f64(
             dWg[c*dff + e] = batch_g;
         }
     }
-    /* mlp.dWu.pack_dV: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* mlp.dWu.pack_dV: scratch mlp_dV_panel, mlp_dV
+     * for e_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t mlp_dV_panel_row = 8*i + 8*n*(b + batch*e_tile);
+                const int64_t mlp_dV_row = dff*(b*n + i) + 8*e_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
+                    mlp_dV_panel[mlp_dV_panel_row + lane] = mlp_dV[mlp_dV_row + lane];
                 }
             }
         }
     }
     block_bwd_composed_f64_mlp_dWu(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* mlp.dWu.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
+     * for c (parallel) / e / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -3280,9 +3400,8 @@ void block_bwd_composed_f64(
             dWu[c*dff + e] = batch_u;
         }
     }
-    /* mlp.HT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    /* mlp.HT: reads U; scratch mlp_HT, mlp_V
+     * for b, e (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3293,25 +3412,25 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* mlp.dWd.pack_dF: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* mlp.dWd.pack_dF: reads dy; scratch mlp_dF_panel
+     * for c_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t mlp_dF_panel_row = 8*i + 8*n*(b + batch*c_tile);
+                const int64_t dy_row = 8*c_tile + dm*(b*n + i);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
+                    mlp_dF_panel[mlp_dF_panel_row + lane] = dy[dy_row + lane];
                 }
             }
         }
     }
     block_bwd_composed_f64_mlp_dWd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* mlp.dWd.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
+     * for e (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -3328,20 +3447,8 @@ void block_bwd_composed_f64(
             dWd[c + dm*e] = batch_d;
         }
     }
-    /* norm2.dweight.partial: from the DNF
-     * stage norm2: rmsnorm_bwd dnf
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm, dxn2
+     * for i_part (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t i_part = 0; i_part < 16; ++i_part) {
@@ -3366,13 +3473,8 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* norm2.dweight: from the DNF
-     * stage norm2: rmsnorm_bwd dnf
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* norm2.dweight: writes dnorm2; scratch norm2_dweight_part
+     * for c / i_part (simd)
      */
     for (int64_t c = 0; c < dm; ++c) {
         double dweight_sum = 0.0;
@@ -3382,9 +3484,8 @@ void block_bwd_composed_f64(
         }
         dnorm2[c] = dweight_sum;
     }
-    /* add2.y: from the DNF
-     * stage add2: residual_add dnf
-     * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    /* add2.y: reads dy; scratch dresid, dresid_norm
+     * for b, i (parallel) / m (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3395,9 +3496,8 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* out.WoT: from the DNF
-     * stage out: out_proj_bwd tiled
-     * WoT[h, m, c] = (<h c m> psi Wo)
+    /* out.WoT: reads Wo; scratch out_WoT
+     * for h (parallel) / m / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -3408,60 +3508,61 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* out.dO.pack_WoT: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    /* out.dO.pack_WoT: scratch out_WoT_panel, out_WoT
+     * for h (parallel) / c_tile / m / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                const int64_t out_WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t out_WoT_row = 8*c_tile + dh*(dm*h + m);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
+                    out_WoT_panel[out_WoT_panel_row + lane] = out_WoT[out_WoT_row + lane];
                 }
             }
         }
     }
     block_bwd_composed_f64_out_dO(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* out.dO.edge: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    /* out.dO.edge: scratch dattn, dresid, out_WoT
+     * for b, h, i (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dattn_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     double yw = 0.0;
                     #pragma omp simd reduction(+:yw)
                     for (int64_t m = 0; m < dm; ++m) {
                         yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
                     }
-                    dattn[c + dh*(i + n*(b*heads + h))] = yw;
+                    dattn[dattn_row + c] = yw;
                 }
             }
         }
     }
-    /* out.dWo.pack_dY: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    /* out.dWo.pack_dY: scratch out_dY_panel, dresid
+     * for m_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t out_dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
+                const int64_t dresid_row = dm*(b*n + i) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
+                    out_dY_panel[out_dY_panel_row + lane] = dresid[dresid_row + lane];
                 }
             }
         }
     }
     block_bwd_composed_f64_out_dWo(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* out.dWo.edge: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    /* out.dWo.edge: writes dWo; reads attn; scratch dresid
+     * for h, c (parallel) / m / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -3480,35 +3581,26 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* attn.delta: from the DNF
-     * stage attn: attention_bwd dnf
-     * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+    /* attn.delta: reads attn; scratch attn_delta, dattn
+     * for b, h, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dattn_row = dh*(i + n*(b*heads + h));
+                const int64_t attn_row = dh*(i + n*(b*heads + h));
                 double rowdot = 0.0;
                 #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < dh; ++c) {
-                    rowdot += dattn[c + dh*(i + n*(b*heads + h))] * attn[c + dh*(i + n*(b*heads + h))];
+                    rowdot += dattn[dattn_row + c] * attn[attn_row + c];
                 }
                 attn_delta[i + n*(b*heads + h)] = rowdot;
             }
         }
     }
-    /* attn.dQ: from the DNF
-     * stage attn: attention_bwd dnf
-     * dQ[b, h, i, c] = sum[j2 < n](
-     *                      scale
-     *                      * exp(
-     *                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
-     *                          - (<b h i> psi lse)
-     *                      )
-     *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
-     *                      - (<b h i> psi delta))
-     *                      * (<b h j2 c> psi K)
-     *                  )
+    /* attn.dQ: reads Q, K, V, lse; scratch dQ, dattn, attn_delta
+     * for b, h, i (parallel) / c (simd), j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3519,6 +3611,7 @@ void block_bwd_composed_f64(
                     dQ[c + dh*(i + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t V_row = dh*(j + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < dh; ++c) {
@@ -3527,7 +3620,7 @@ void block_bwd_composed_f64(
                     double dov = 0.0;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < dh; ++c) {
-                        dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
+                        dov += dattn[c + dh*(i + n*(b*heads + h))] * V[V_row + c];
                     }
                     const double t = scale * exp(scale * qk - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
                     #pragma omp simd
@@ -3538,18 +3631,8 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* attn.dK: from the DNF
-     * stage attn: attention_bwd dnf
-     * dK[b, h, j, c] = sum[i2 < n](
-     *                      scale
-     *                      * exp(
-     *                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
-     *                          - (<b h i2> psi lse)
-     *                      )
-     *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
-     *                      - (<b h i2> psi delta))
-     *                      * (<b h i2 c> psi Q)
-     *                  )
+    /* attn.dK: reads Q, K, V, lse; scratch dK, dattn, attn_delta
+     * for b, h, j (parallel) / c (simd), i / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3560,6 +3643,7 @@ void block_bwd_composed_f64(
                     dK[c + dh*(j + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dattn_row = dh*(i + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < dh; ++c) {
@@ -3568,7 +3652,7 @@ void block_bwd_composed_f64(
                     double dov = 0.0;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < dh; ++c) {
-                        dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
+                        dov += dattn[dattn_row + c] * V[c + dh*(j + n*(b*heads + h))];
                     }
                     const double t2 = scale * exp(scale * qk - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
                     #pragma omp simd
@@ -3579,15 +3663,8 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* attn.dV: from the DNF
-     * stage attn: attention_bwd dnf
-     * dV[b, h, j, c] = sum[i3 < n](
-     *                      exp(
-     *                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
-     *                          - (<b h i3> psi lse)
-     *                      )
-     *                      * (<b h i3 c> psi dO)
-     *                  )
+    /* attn.dV: reads Q, K, lse; scratch dV, dattn
+     * for b, h, j (parallel) / c (simd), i / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3598,23 +3675,24 @@ void block_bwd_composed_f64(
                     dV[c + dh*(j + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t Q_row = dh*(i + n*(b*heads + h));
+                    const int64_t dattn_row = dh*(i + n*(b*heads + h));
                     double qk = 0.0;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < dh; ++c) {
-                        qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+                        qk += Q[Q_row + c] * K[c + dh*(j + n*(b*heads + h))];
                     }
                     const double t3 = exp(scale * qk - lse[i + n*(b*heads + h)]);
                     #pragma omp simd
                     for (int64_t c = 0; c < dh; ++c) {
-                        dV[c + dh*(j + n*(b*heads + h))] += t3 * dattn[c + dh*(i + n*(b*heads + h))];
+                        dV[c + dh*(j + n*(b*heads + h))] += t3 * dattn[dattn_row + c];
                     }
                 }
             }
         }
     }
-    /* norm1_apply.z: from the DNF
-     * stage norm1_apply: rmsnorm_apply dnf
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* norm1_apply.z: reads norm1, x, inv_rms1; scratch xn1
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3625,9 +3703,8 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.WqT: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * WqT[h, c, m] = (<m h c> psi Wq)
+    /* qkv.WqT: reads Wq; scratch qkv_WqT
+     * for h (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -3638,9 +3715,8 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.WkT: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * WkT[h, c, m] = (<m h c> psi Wk)
+    /* qkv.WkT: reads Wk; scratch qkv_WkT
+     * for h (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -3651,9 +3727,8 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.WvT: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * WvT[h, c, m] = (<m h c> psi Wv)
+    /* qkv.WvT: reads Wv; scratch qkv_WvT
+     * for h (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -3664,63 +3739,57 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dX.pack_WqT: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* qkv.dX.pack_WqT: scratch qkv_WqT_panel, qkv_WqT
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t qkv_WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t qkv_WqT_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WqT[dm*(c + dh*h) + lane + 8*m_tile];
+                    qkv_WqT_panel[qkv_WqT_panel_row + lane] = qkv_WqT[qkv_WqT_row + lane];
                 }
             }
         }
     }
-    /* qkv.dX.pack_WkT: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* qkv.dX.pack_WkT: scratch qkv_WkT_panel, qkv_WkT
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t qkv_WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t qkv_WkT_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WkT[dm*(c + dh*h) + lane + 8*m_tile];
+                    qkv_WkT_panel[qkv_WkT_panel_row + lane] = qkv_WkT[qkv_WkT_row + lane];
                 }
             }
         }
     }
-    /* qkv.dX.pack_WvT: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* qkv.dX.pack_WvT: scratch qkv_WvT_panel, qkv_WvT
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t qkv_WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t qkv_WvT_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WvT[dm*(c + dh*h) + lane + 8*m_tile];
+                    qkv_WvT_panel[qkv_WvT_panel_row + lane] = qkv_WvT[qkv_WvT_row + lane];
                 }
             }
         }
     }
     block_bwd_composed_f64_qkv_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* qkv.dX.edge: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* qkv.dX.edge: scratch dxn1, dQ, qkv_WqT, dK, qkv_WkT, dV, qkv_WvT
+     * for b, i (parallel) / m / h / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3728,10 +3797,13 @@ void block_bwd_composed_f64(
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
                 double heads_sum = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t dQ_row = dh*(i + n*(b*heads + h));
+                    const int64_t dK_row = dh*(i + n*(b*heads + h));
+                    const int64_t dV_row = dh*(i + n*(b*heads + h));
                     double gw = 0.0;
                     #pragma omp simd reduction(+:gw)
                     for (int64_t c = 0; c < dh; ++c) {
-                        gw += dQ[c + dh*(i + n*(b*heads + h))] * qkv_WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * qkv_WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * qkv_WvT[dm*(c + dh*h) + m];
+                        gw += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
                     }
                     heads_sum += gw;
                 }
@@ -3739,27 +3811,27 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dWq.pack_dQ: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    /* qkv.dWq.pack_dQ: scratch qkv_dQ_panel, dQ
+     * for h (parallel) / c_tile / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t qkv_dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
                     #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
-                        qkv_dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                        qkv_dQ_panel[qkv_dQ_panel_row + lane] = dQ[dQ_row + lane];
                     }
                 }
             }
         }
     }
     block_bwd_composed_f64_qkv_dWq(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* qkv.dWq.edge: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    /* qkv.dWq.edge: writes dWq; scratch xn1, dQ
+     * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -3778,27 +3850,27 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dWk.pack_dK: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    /* qkv.dWk.pack_dK: scratch qkv_dK_panel, dK
+     * for h (parallel) / c_tile / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t qkv_dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
                     #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
-                        qkv_dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                        qkv_dK_panel[qkv_dK_panel_row + lane] = dK[dK_row + lane];
                     }
                 }
             }
         }
     }
     block_bwd_composed_f64_qkv_dWk(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* qkv.dWk.edge: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    /* qkv.dWk.edge: writes dWk; scratch xn1, dK
+     * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -3817,27 +3889,27 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dWv.pack_dV: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    /* qkv.dWv.pack_dV: scratch qkv_dV_panel, dV
+     * for h (parallel) / c_tile / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t qkv_dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
                     #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
-                        qkv_dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                        qkv_dV_panel[qkv_dV_panel_row + lane] = dV[dV_row + lane];
                     }
                 }
             }
         }
     }
     block_bwd_composed_f64_qkv_dWv(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* qkv.dWv.edge: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    /* qkv.dWv.edge: writes dWv; scratch xn1, dV
+     * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -3856,20 +3928,8 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* norm1.dweight.partial: from the DNF
-     * stage norm1: rmsnorm_bwd dnf
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm, dxn1
+     * for i_part (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t i_part = 0; i_part < 16; ++i_part) {
@@ -3894,13 +3954,8 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* norm1.dweight: from the DNF
-     * stage norm1: rmsnorm_bwd dnf
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* norm1.dweight: writes dnorm1; scratch norm1_dweight_part
+     * for c / i_part (simd)
      */
     for (int64_t c = 0; c < dm; ++c) {
         double dweight_sum = 0.0;
@@ -3910,9 +3965,8 @@ void block_bwd_composed_f64(
         }
         dnorm1[c] = dweight_sum;
     }
-    /* add1.y: from the DNF
-     * stage add1: residual_add dnf
-     * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    /* add1.y: writes dx; scratch dresid, dx_norm
+     * for b, i (parallel) / m (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -4008,14 +4062,19 @@ static void block_bwd_composed_f32_mlp_dH(
     float scale
 )
 {
-    /* mlp.dH: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t dy_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t dy_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t dy_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t dy_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t dy_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t dy_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -4065,54 +4124,54 @@ static void block_bwd_composed_f32_mlp_dH(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
                 }
                 mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -4250,14 +4309,19 @@ static void block_bwd_composed_f32_mlp_V(
     float scale
 )
 {
-    /* mlp.V: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -4307,54 +4371,54 @@ static void block_bwd_composed_f32_mlp_V(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
                 }
                 mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -4492,15 +4556,25 @@ static void block_bwd_composed_f32_mlp_dX(
     float scale
 )
 {
-    /* mlp.dX: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
+     * for b, c_tile (parallel) / i_tile / e (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t mlp_dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t mlp_dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t mlp_dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t mlp_dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t mlp_dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t mlp_dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                const int64_t mlp_dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t mlp_dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t mlp_dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t mlp_dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t mlp_dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t mlp_dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -4550,54 +4624,54 @@ static void block_bwd_composed_f32_mlp_dX(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t e = 0; e < dff; ++e) {
-                    acc_0_0 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                    acc_0_1 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_0_2 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_0_3 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_0_4 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_0_5 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_0_6 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_0_7 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_1_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                    acc_1_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_1_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_1_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_1_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_1_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_1_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_1_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_2_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                    acc_2_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_2_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_2_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_2_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_2_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_2_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_2_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_3_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                    acc_3_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_3_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_3_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_3_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_3_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_3_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_3_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_4_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                    acc_4_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_4_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_4_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_4_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_4_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_4_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_4_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_5_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                    acc_5_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_5_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_5_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_5_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_5_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_5_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_5_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_0_0 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                    acc_0_1 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_0_2 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_0_3 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_0_4 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_0_5 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_0_6 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_0_7 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_1_0 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                    acc_1_1 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_1_2 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_1_3 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_1_4 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_1_5 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_1_6 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_1_7 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_2_0 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                    acc_2_1 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_2_2 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_2_3 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_2_4 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_2_5 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_2_6 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_2_7 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_3_0 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                    acc_3_1 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_3_2 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_3_3 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_3_4 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_3_5 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_3_6 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_3_7 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_4_0 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                    acc_4_1 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_4_2 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_4_3 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_4_4 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_4_5 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_4_6 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_4_7 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_5_0 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                    acc_5_1 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_5_2 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_5_3 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_5_4 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_5_5 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_5_6 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_5_7 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
                 }
                 dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                 dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -4735,9 +4809,8 @@ static void block_bwd_composed_f32_mlp_dWg(
     float scale
 )
 {
-    /* mlp.dWg: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -4791,55 +4864,61 @@ static void block_bwd_composed_f32_mlp_dWg(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
+                const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
             dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -4977,9 +5056,8 @@ static void block_bwd_composed_f32_mlp_dWu(
     float scale
 )
 {
-    /* mlp.dWu: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -5033,55 +5111,61 @@ static void block_bwd_composed_f32_mlp_dWu(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
+                const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
             dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -5219,9 +5303,8 @@ static void block_bwd_composed_f32_mlp_dWd(
     float scale
 )
 {
-    /* mlp.dWd: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
+     * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
@@ -5275,55 +5358,61 @@ static void block_bwd_composed_f32_mlp_dWd(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
+                const int64_t mlp_HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
+                const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
+                const int64_t mlp_HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
+                const int64_t mlp_HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
+                const int64_t mlp_HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
+                const int64_t mlp_HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_0_1 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_0_2 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_0_3 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_0_4 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_0_5 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_0_6 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_0_7 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_1_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_1_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_1_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_1_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_1_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_1_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_1_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_1_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_2_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_2_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_2_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_2_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_2_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_2_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_2_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_2_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_3_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_3_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_3_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_3_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_3_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_3_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_3_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_3_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_4_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_4_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_4_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_4_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_4_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_4_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_4_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_4_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_5_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_5_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_5_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_5_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_5_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_5_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_5_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_5_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_0_4 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_0_5 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_0_6 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_0_7 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_1_4 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_1_5 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_1_6 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_1_7 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_2_0 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_2_1 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_2_2 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_2_3 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_2_4 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_2_5 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_2_6 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_2_7 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_3_0 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_3_1 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_3_2 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_3_3 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_3_4 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_3_5 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_3_6 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_3_7 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_4_0 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_4_1 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_4_2 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_4_3 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_4_4 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_4_5 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_4_6 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_4_7 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_5_0 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_5_1 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_5_2 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_5_3 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_5_4 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_5_5 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_5_6 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_5_7 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
                 }
             }
             dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
@@ -5461,15 +5550,20 @@ static void block_bwd_composed_f32_out_dO(
     float scale
 )
 {
-    /* out.dO: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    /* out.dO: scratch dattn, dresid, out_WoT_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
                 for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t dresid_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dresid_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dresid_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dresid_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dresid_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dresid_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     float acc_0_0 = 0.0f;
                     float acc_0_1 = 0.0f;
                     float acc_0_2 = 0.0f;
@@ -5519,54 +5613,54 @@ static void block_bwd_composed_f32_out_dO(
                     float acc_5_6 = 0.0f;
                     float acc_5_7 = 0.0f;
                     for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_0_0 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
                     }
                     dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                     dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -5705,9 +5799,8 @@ static void block_bwd_composed_f32_out_dWo(
     float scale
 )
 {
-    /* out.dWo: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    /* out.dWo: writes dWo; reads attn; scratch out_dY_panel
+     * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -5949,11 +6042,8 @@ static void block_bwd_composed_f32_qkv_dX(
     float scale
 )
 {
-    /* qkv.dX: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* qkv.dX: scratch dxn1, dQ, qkv_WqT_panel, dK, qkv_WkT_panel, dV, qkv_WvT_panel
+     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -6008,55 +6098,73 @@ static void block_bwd_composed_f32_qkv_dX(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_0_0 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
                     }
                 }
                 dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -6195,9 +6303,8 @@ static void block_bwd_composed_f32_qkv_dWq(
     float scale
 )
 {
-    /* qkv.dWq: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    /* qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -6439,9 +6546,8 @@ static void block_bwd_composed_f32_qkv_dWk(
     float scale
 )
 {
-    /* qkv.dWk: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    /* qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -6683,9 +6789,8 @@ static void block_bwd_composed_f32_qkv_dWv(
     float scale
 )
 {
-    /* qkv.dWv: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    /* qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -6926,9 +7031,8 @@ void block_bwd_composed_f32(
     float scale
 )
 {
-    /* norm2_apply.z: from the DNF
-     * stage norm2_apply: rmsnorm_apply dnf
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* norm2_apply.z: reads norm2, resid, inv_rms2; scratch xn2
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -6939,9 +7043,8 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* mlp.WdT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * WdT[c, e] = (<e c> psi Wd)
+    /* mlp.WdT: reads Wd; scratch mlp_WdT
+     * for c (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -6950,23 +7053,22 @@ void block_bwd_composed_f32(
             mlp_WdT[c*dff + e] = Wd[c + dm*e];
         }
     }
-    /* mlp.dH.pack_WdT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* mlp.dH.pack_WdT: scratch mlp_WdT_panel, mlp_WdT
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t mlp_WdT_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
+                mlp_WdT_panel[mlp_WdT_panel_row + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
             }
         }
     }
     block_bwd_composed_f32_mlp_dH(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* mlp.dH.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* mlp.dH.edge: reads dy; scratch mlp_dH, mlp_WdT
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -6981,23 +7083,22 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* mlp.V.pack_Wu: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+                mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
             }
         }
     }
     block_bwd_composed_f32_mlp_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* mlp.V.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.V.edge: reads Wu; scratch mlp_V, xn2
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -7012,23 +7113,22 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* mlp.dU: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+    /* mlp.dU: reads U; scratch mlp_dU, mlp_dH, mlp_V
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
-                const float t = 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e]));
-                mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0f + U[dff*(b*n + i) + e] * (1.0f - t));
+                const float t = 1.0f / (1.0f + expf(-U[U_row + e]));
+                mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0f + U[U_row + e] * (1.0f - t));
             }
         }
     }
-    /* mlp.WgT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * WgT[e, c] = (<c e> psi Wg)
+    /* mlp.WgT: reads Wg; scratch mlp_WgT
+     * for e (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -7037,9 +7137,8 @@ void block_bwd_composed_f32(
             mlp_WgT[c + dm*e] = Wg[c*dff + e];
         }
     }
-    /* mlp.dV: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+    /* mlp.dV: reads U; scratch mlp_dV, mlp_dH
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -7050,9 +7149,8 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* mlp.WuT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * WuT[e, c] = (<c e> psi Wu)
+    /* mlp.WuT: reads Wu; scratch mlp_WuT
+     * for e (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -7061,39 +7159,35 @@ void block_bwd_composed_f32(
             mlp_WuT[c + dm*e] = Wu[c*dff + e];
         }
     }
-    /* mlp.dX.pack_WgT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* mlp.dX.pack_WgT: scratch mlp_WgT_panel, mlp_WgT
+     * for c_tile (parallel) / e / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            const int64_t mlp_WgT_panel_row = 8*c_tile*dff + 8*e;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
+                mlp_WgT_panel[mlp_WgT_panel_row + lane] = mlp_WgT[8*c_tile + dm*e + lane];
             }
         }
     }
-    /* mlp.dX.pack_WuT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* mlp.dX.pack_WuT: scratch mlp_WuT_panel, mlp_WuT
+     * for c_tile (parallel) / e / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            const int64_t mlp_WuT_panel_row = 8*c_tile*dff + 8*e;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
+                mlp_WuT_panel[mlp_WuT_panel_row + lane] = mlp_WuT[8*c_tile + dm*e + lane];
             }
         }
     }
     block_bwd_composed_f32_mlp_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* mlp.dX.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* mlp.dX.edge: scratch dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT
+     * for b, i (parallel) / c / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -7108,9 +7202,8 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* mlp.XT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * XT[b, c, i] = (<b i c> psi X)
+    /* mlp.XT: scratch mlp_XT, xn2
+     * for b, c (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -7121,25 +7214,25 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* mlp.dWg.pack_dU: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* mlp.dWg.pack_dU: scratch mlp_dU_panel, mlp_dU
+     * for e_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t mlp_dU_panel_row = 8*i + 8*n*(b + batch*e_tile);
+                const int64_t mlp_dU_row = dff*(b*n + i) + 8*e_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
+                    mlp_dU_panel[mlp_dU_panel_row + lane] = mlp_dU[mlp_dU_row + lane];
                 }
             }
         }
     }
     block_bwd_composed_f32_mlp_dWg(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* mlp.dWg.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
+     * for c (parallel) / e / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -7156,25 +7249,25 @@ void block_bwd_composed_f32(
             dWg[c*dff + e] = batch_g;
         }
     }
-    /* mlp.dWu.pack_dV: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* mlp.dWu.pack_dV: scratch mlp_dV_panel, mlp_dV
+     * for e_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t mlp_dV_panel_row = 8*i + 8*n*(b + batch*e_tile);
+                const int64_t mlp_dV_row = dff*(b*n + i) + 8*e_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
+                    mlp_dV_panel[mlp_dV_panel_row + lane] = mlp_dV[mlp_dV_row + lane];
                 }
             }
         }
     }
     block_bwd_composed_f32_mlp_dWu(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* mlp.dWu.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
+     * for c (parallel) / e / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -7191,9 +7284,8 @@ void block_bwd_composed_f32(
             dWu[c*dff + e] = batch_u;
         }
     }
-    /* mlp.HT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    /* mlp.HT: reads U; scratch mlp_HT, mlp_V
+     * for b, e (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -7204,25 +7296,25 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* mlp.dWd.pack_dF: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* mlp.dWd.pack_dF: reads dy; scratch mlp_dF_panel
+     * for c_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t mlp_dF_panel_row = 8*i + 8*n*(b + batch*c_tile);
+                const int64_t dy_row = 8*c_tile + dm*(b*n + i);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
+                    mlp_dF_panel[mlp_dF_panel_row + lane] = dy[dy_row + lane];
                 }
             }
         }
     }
     block_bwd_composed_f32_mlp_dWd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* mlp.dWd.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
+     * for e (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -7239,20 +7331,8 @@ void block_bwd_composed_f32(
             dWd[c + dm*e] = batch_d;
         }
     }
-    /* norm2.dweight.partial: from the DNF
-     * stage norm2: rmsnorm_bwd dnf
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm, dxn2
+     * for i_part (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t i_part = 0; i_part < 16; ++i_part) {
@@ -7277,13 +7357,8 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* norm2.dweight: from the DNF
-     * stage norm2: rmsnorm_bwd dnf
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* norm2.dweight: writes dnorm2; scratch norm2_dweight_part
+     * for c / i_part (simd)
      */
     for (int64_t c = 0; c < dm; ++c) {
         float dweight_sum = 0.0f;
@@ -7293,9 +7368,8 @@ void block_bwd_composed_f32(
         }
         dnorm2[c] = dweight_sum;
     }
-    /* add2.y: from the DNF
-     * stage add2: residual_add dnf
-     * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    /* add2.y: reads dy; scratch dresid, dresid_norm
+     * for b, i (parallel) / m (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -7306,9 +7380,8 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* out.WoT: from the DNF
-     * stage out: out_proj_bwd tiled
-     * WoT[h, m, c] = (<h c m> psi Wo)
+    /* out.WoT: reads Wo; scratch out_WoT
+     * for h (parallel) / m / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -7319,60 +7392,61 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* out.dO.pack_WoT: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    /* out.dO.pack_WoT: scratch out_WoT_panel, out_WoT
+     * for h (parallel) / c_tile / m / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                const int64_t out_WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t out_WoT_row = 8*c_tile + dh*(dm*h + m);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
+                    out_WoT_panel[out_WoT_panel_row + lane] = out_WoT[out_WoT_row + lane];
                 }
             }
         }
     }
     block_bwd_composed_f32_out_dO(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* out.dO.edge: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    /* out.dO.edge: scratch dattn, dresid, out_WoT
+     * for b, h, i (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dattn_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     float yw = 0.0f;
                     #pragma omp simd reduction(+:yw)
                     for (int64_t m = 0; m < dm; ++m) {
                         yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
                     }
-                    dattn[c + dh*(i + n*(b*heads + h))] = yw;
+                    dattn[dattn_row + c] = yw;
                 }
             }
         }
     }
-    /* out.dWo.pack_dY: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    /* out.dWo.pack_dY: scratch out_dY_panel, dresid
+     * for m_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t out_dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
+                const int64_t dresid_row = dm*(b*n + i) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
+                    out_dY_panel[out_dY_panel_row + lane] = dresid[dresid_row + lane];
                 }
             }
         }
     }
     block_bwd_composed_f32_out_dWo(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* out.dWo.edge: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    /* out.dWo.edge: writes dWo; reads attn; scratch dresid
+     * for h, c (parallel) / m / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -7391,35 +7465,26 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* attn.delta: from the DNF
-     * stage attn: attention_bwd dnf
-     * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+    /* attn.delta: reads attn; scratch attn_delta, dattn
+     * for b, h, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dattn_row = dh*(i + n*(b*heads + h));
+                const int64_t attn_row = dh*(i + n*(b*heads + h));
                 float rowdot = 0.0f;
                 #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < dh; ++c) {
-                    rowdot += dattn[c + dh*(i + n*(b*heads + h))] * attn[c + dh*(i + n*(b*heads + h))];
+                    rowdot += dattn[dattn_row + c] * attn[attn_row + c];
                 }
                 attn_delta[i + n*(b*heads + h)] = rowdot;
             }
         }
     }
-    /* attn.dQ: from the DNF
-     * stage attn: attention_bwd dnf
-     * dQ[b, h, i, c] = sum[j2 < n](
-     *                      scale
-     *                      * exp(
-     *                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
-     *                          - (<b h i> psi lse)
-     *                      )
-     *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
-     *                      - (<b h i> psi delta))
-     *                      * (<b h j2 c> psi K)
-     *                  )
+    /* attn.dQ: reads Q, K, V, lse; scratch dQ, dattn, attn_delta
+     * for b, h, i (parallel) / c (simd), j / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -7430,6 +7495,7 @@ void block_bwd_composed_f32(
                     dQ[c + dh*(i + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t j = 0; j < n; ++j) {
+                    const int64_t V_row = dh*(j + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < dh; ++c) {
@@ -7438,7 +7504,7 @@ void block_bwd_composed_f32(
                     float dov = 0.0f;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < dh; ++c) {
-                        dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
+                        dov += dattn[c + dh*(i + n*(b*heads + h))] * V[V_row + c];
                     }
                     const float t = scale * expf(scale * qk - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
                     #pragma omp simd
@@ -7449,18 +7515,8 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* attn.dK: from the DNF
-     * stage attn: attention_bwd dnf
-     * dK[b, h, j, c] = sum[i2 < n](
-     *                      scale
-     *                      * exp(
-     *                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
-     *                          - (<b h i2> psi lse)
-     *                      )
-     *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
-     *                      - (<b h i2> psi delta))
-     *                      * (<b h i2 c> psi Q)
-     *                  )
+    /* attn.dK: reads Q, K, V, lse; scratch dK, dattn, attn_delta
+     * for b, h, j (parallel) / c (simd), i / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -7471,6 +7527,7 @@ void block_bwd_composed_f32(
                     dK[c + dh*(j + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dattn_row = dh*(i + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < dh; ++c) {
@@ -7479,7 +7536,7 @@ void block_bwd_composed_f32(
                     float dov = 0.0f;
                     #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < dh; ++c) {
-                        dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
+                        dov += dattn[dattn_row + c] * V[c + dh*(j + n*(b*heads + h))];
                     }
                     const float t2 = scale * expf(scale * qk - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
                     #pragma omp simd
@@ -7490,15 +7547,8 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* attn.dV: from the DNF
-     * stage attn: attention_bwd dnf
-     * dV[b, h, j, c] = sum[i3 < n](
-     *                      exp(
-     *                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
-     *                          - (<b h i3> psi lse)
-     *                      )
-     *                      * (<b h i3 c> psi dO)
-     *                  )
+    /* attn.dV: reads Q, K, lse; scratch dV, dattn
+     * for b, h, j (parallel) / c (simd), i / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -7509,23 +7559,24 @@ void block_bwd_composed_f32(
                     dV[c + dh*(j + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t Q_row = dh*(i + n*(b*heads + h));
+                    const int64_t dattn_row = dh*(i + n*(b*heads + h));
                     float qk = 0.0f;
                     #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < dh; ++c) {
-                        qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+                        qk += Q[Q_row + c] * K[c + dh*(j + n*(b*heads + h))];
                     }
                     const float t3 = expf(scale * qk - lse[i + n*(b*heads + h)]);
                     #pragma omp simd
                     for (int64_t c = 0; c < dh; ++c) {
-                        dV[c + dh*(j + n*(b*heads + h))] += t3 * dattn[c + dh*(i + n*(b*heads + h))];
+                        dV[c + dh*(j + n*(b*heads + h))] += t3 * dattn[dattn_row + c];
                     }
                 }
             }
         }
     }
-    /* norm1_apply.z: from the DNF
-     * stage norm1_apply: rmsnorm_apply dnf
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* norm1_apply.z: reads norm1, x, inv_rms1; scratch xn1
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -7536,9 +7587,8 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.WqT: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * WqT[h, c, m] = (<m h c> psi Wq)
+    /* qkv.WqT: reads Wq; scratch qkv_WqT
+     * for h (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -7549,9 +7599,8 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.WkT: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * WkT[h, c, m] = (<m h c> psi Wk)
+    /* qkv.WkT: reads Wk; scratch qkv_WkT
+     * for h (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -7562,9 +7611,8 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.WvT: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * WvT[h, c, m] = (<m h c> psi Wv)
+    /* qkv.WvT: reads Wv; scratch qkv_WvT
+     * for h (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -7575,63 +7623,57 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dX.pack_WqT: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* qkv.dX.pack_WqT: scratch qkv_WqT_panel, qkv_WqT
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t qkv_WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t qkv_WqT_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WqT[dm*(c + dh*h) + lane + 8*m_tile];
+                    qkv_WqT_panel[qkv_WqT_panel_row + lane] = qkv_WqT[qkv_WqT_row + lane];
                 }
             }
         }
     }
-    /* qkv.dX.pack_WkT: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* qkv.dX.pack_WkT: scratch qkv_WkT_panel, qkv_WkT
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t qkv_WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t qkv_WkT_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WkT[dm*(c + dh*h) + lane + 8*m_tile];
+                    qkv_WkT_panel[qkv_WkT_panel_row + lane] = qkv_WkT[qkv_WkT_row + lane];
                 }
             }
         }
     }
-    /* qkv.dX.pack_WvT: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* qkv.dX.pack_WvT: scratch qkv_WvT_panel, qkv_WvT
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t qkv_WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t qkv_WvT_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WvT[dm*(c + dh*h) + lane + 8*m_tile];
+                    qkv_WvT_panel[qkv_WvT_panel_row + lane] = qkv_WvT[qkv_WvT_row + lane];
                 }
             }
         }
     }
     block_bwd_composed_f32_qkv_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* qkv.dX.edge: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* qkv.dX.edge: scratch dxn1, dQ, qkv_WqT, dK, qkv_WkT, dV, qkv_WvT
+     * for b, i (parallel) / m / h / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -7639,10 +7681,13 @@ void block_bwd_composed_f32(
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
                 float heads_sum = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t dQ_row = dh*(i + n*(b*heads + h));
+                    const int64_t dK_row = dh*(i + n*(b*heads + h));
+                    const int64_t dV_row = dh*(i + n*(b*heads + h));
                     float gw = 0.0f;
                     #pragma omp simd reduction(+:gw)
                     for (int64_t c = 0; c < dh; ++c) {
-                        gw += dQ[c + dh*(i + n*(b*heads + h))] * qkv_WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * qkv_WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * qkv_WvT[dm*(c + dh*h) + m];
+                        gw += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
                     }
                     heads_sum += gw;
                 }
@@ -7650,27 +7695,27 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dWq.pack_dQ: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    /* qkv.dWq.pack_dQ: scratch qkv_dQ_panel, dQ
+     * for h (parallel) / c_tile / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t qkv_dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
                     #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
-                        qkv_dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                        qkv_dQ_panel[qkv_dQ_panel_row + lane] = dQ[dQ_row + lane];
                     }
                 }
             }
         }
     }
     block_bwd_composed_f32_qkv_dWq(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* qkv.dWq.edge: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    /* qkv.dWq.edge: writes dWq; scratch xn1, dQ
+     * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -7689,27 +7734,27 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dWk.pack_dK: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    /* qkv.dWk.pack_dK: scratch qkv_dK_panel, dK
+     * for h (parallel) / c_tile / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t qkv_dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
                     #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
-                        qkv_dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                        qkv_dK_panel[qkv_dK_panel_row + lane] = dK[dK_row + lane];
                     }
                 }
             }
         }
     }
     block_bwd_composed_f32_qkv_dWk(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* qkv.dWk.edge: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    /* qkv.dWk.edge: writes dWk; scratch xn1, dK
+     * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -7728,27 +7773,27 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dWv.pack_dV: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    /* qkv.dWv.pack_dV: scratch qkv_dV_panel, dV
+     * for h (parallel) / c_tile / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t qkv_dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
                     #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
-                        qkv_dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                        qkv_dV_panel[qkv_dV_panel_row + lane] = dV[dV_row + lane];
                     }
                 }
             }
         }
     }
     block_bwd_composed_f32_qkv_dWv(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* qkv.dWv.edge: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    /* qkv.dWv.edge: writes dWv; scratch xn1, dV
+     * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -7767,20 +7812,8 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* norm1.dweight.partial: from the DNF
-     * stage norm1: rmsnorm_bwd dnf
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm, dxn1
+     * for i_part (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t i_part = 0; i_part < 16; ++i_part) {
@@ -7805,13 +7838,8 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* norm1.dweight: from the DNF
-     * stage norm1: rmsnorm_bwd dnf
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* norm1.dweight: writes dnorm1; scratch norm1_dweight_part
+     * for c / i_part (simd)
      */
     for (int64_t c = 0; c < dm; ++c) {
         float dweight_sum = 0.0f;
@@ -7821,9 +7849,8 @@ void block_bwd_composed_f32(
         }
         dnorm1[c] = dweight_sum;
     }
-    /* add1.y: from the DNF
-     * stage add1: residual_add dnf
-     * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    /* add1.y: writes dx; scratch dresid, dx_norm
+     * for b, i (parallel) / m (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {

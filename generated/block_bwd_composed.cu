@@ -4,13 +4,93 @@
  * Schedule: norm2_apply = rmsnorm_apply dnf; mlp = mlp_bwd tiled; norm2 = rmsnorm_bwd dnf; add2 = residual_add dnf; out = out_proj_bwd tiled; attn = attention_bwd dnf; norm1_apply = rmsnorm_apply dnf; qkv = qkv_proj_bwd tiled; norm1 = rmsnorm_bwd dnf; add1 = residual_add dnf.
  * Do not edit; regenerate with: moagen emit --lang cuda block_bwd --variant composed
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * stage norm2_apply: rmsnorm_apply dnf
+ * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+ * stage mlp: mlp_bwd tiled
+ * WdT[c, e] = (<e c> psi Wd)
+ * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+ * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+ * WgT[e, c] = (<c e> psi Wg)
+ * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+ * WuT[e, c] = (<c e> psi Wu)
+ * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+ *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+ * XT[b, c, i] = (<b i c> psi X)
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+ * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+ * stage norm2: rmsnorm_bwd dnf
+ * dx[b, i, c] = (<b i> psi inv_rms)
+ *               * ((<b i c> psi dz) * (<c> psi weight)
+ *               - (<b i c> psi x) * (<b i> psi inv_rms)
+ *               * sum[c2 < d](
+ *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
+ *               )
+ *               / d)
+ * dweight[c] = sum[b2 < batch](
+ *                  sum[i2 < n](
+ *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+ *                  )
+ *              )
+ * stage add2: residual_add dnf
+ * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+ * stage out: out_proj_bwd tiled
+ * WoT[h, m, c] = (<h c m> psi Wo)
+ * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+ * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+ * stage attn: attention_bwd dnf
+ * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+ * dQ[b, h, i, c] = sum[j2 < n](
+ *                      scale
+ *                      * exp(
+ *                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
+ *                          - (<b h i> psi lse)
+ *                      )
+ *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
+ *                      - (<b h i> psi delta))
+ *                      * (<b h j2 c> psi K)
+ *                  )
+ * dK[b, h, j, c] = sum[i2 < n](
+ *                      scale
+ *                      * exp(
+ *                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
+ *                          - (<b h i2> psi lse)
+ *                      )
+ *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
+ *                      - (<b h i2> psi delta))
+ *                      * (<b h i2 c> psi Q)
+ *                  )
+ * dV[b, h, j, c] = sum[i3 < n](
+ *                      exp(
+ *                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
+ *                          - (<b h i3> psi lse)
+ *                      )
+ *                      * (<b h i3 c> psi dO)
+ *                  )
+ * stage norm1_apply: rmsnorm_apply dnf
+ * stage qkv: qkv_proj_bwd tiled
+ * WqT[h, c, m] = (<m h c> psi Wq)
+ * WkT[h, c, m] = (<m h c> psi Wk)
+ * WvT[h, c, m] = (<m h c> psi Wv)
+ * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+ *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+ *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+ * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+ * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+ * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+ * stage norm1: rmsnorm_bwd dnf
+ * stage add1: residual_add dnf
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* norm2_apply.z: from the DNF
- * stage norm2_apply: rmsnorm_apply dnf
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* norm2_apply.z: reads norm2, resid, inv_rms2; scratch xn2
+ * for b, i (parallel) / c (simd)
  */
 __global__ void block_bwd_composed_f64_norm2_apply_z(
     const double *__restrict__ x,
@@ -103,9 +183,8 @@ __global__ void block_bwd_composed_f64_norm2_apply_z(
     }
 }
 
-/* mlp.WdT: from the DNF
- * stage mlp: mlp_bwd tiled
- * WdT[c, e] = (<e c> psi Wd)
+/* mlp.WdT: reads Wd; scratch mlp_WdT
+ * for c (parallel) / e (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_WdT(
     const double *__restrict__ x,
@@ -197,9 +276,8 @@ __global__ void block_bwd_composed_f64_mlp_WdT(
     }
 }
 
-/* mlp.dH.pack_WdT: from the DNF
- * stage mlp: mlp_bwd tiled
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* mlp.dH.pack_WdT: scratch mlp_WdT_panel, mlp_WdT
+ * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dH_pack_WdT(
     const double *__restrict__ x,
@@ -287,15 +365,15 @@ __global__ void block_bwd_composed_f64_mlp_dH_pack_WdT(
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
+        const int64_t mlp_WdT_panel_row = 8*c + 8*dm*e_tile;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
+            mlp_WdT_panel[mlp_WdT_panel_row + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
         }
     }
 }
 
-/* mlp.dH: from the DNF
- * stage mlp: mlp_bwd tiled
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
+ * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
 __global__ void block_bwd_composed_f64_mlp_dH(
     const double *__restrict__ x,
@@ -385,6 +463,12 @@ __global__ void block_bwd_composed_f64_mlp_dH(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t dy_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dy_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dy_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dy_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dy_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dy_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             double acc_0_0 = 0.0;
             double acc_0_1 = 0.0;
             double acc_0_2 = 0.0;
@@ -434,54 +518,54 @@ __global__ void block_bwd_composed_f64_mlp_dH(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_0_0 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
             }
             mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
             mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -535,9 +619,8 @@ __global__ void block_bwd_composed_f64_mlp_dH(
     }
 }
 
-/* mlp.dH.edge: from the DNF
- * stage mlp: mlp_bwd tiled
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* mlp.dH.edge: reads dy; scratch mlp_dH, mlp_WdT
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dH_edge(
     const double *__restrict__ x,
@@ -634,9 +717,8 @@ __global__ void block_bwd_composed_f64_mlp_dH_edge(
     }
 }
 
-/* mlp.V.pack_Wu: from the DNF
- * stage mlp: mlp_bwd tiled
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
+ * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_V_pack_Wu(
     const double *__restrict__ x,
@@ -724,15 +806,15 @@ __global__ void block_bwd_composed_f64_mlp_V_pack_Wu(
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
+        const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
         }
     }
 }
 
-/* mlp.V: from the DNF
- * stage mlp: mlp_bwd tiled
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
+ * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
 __global__ void block_bwd_composed_f64_mlp_V(
     const double *__restrict__ x,
@@ -822,6 +904,12 @@ __global__ void block_bwd_composed_f64_mlp_V(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             double acc_0_0 = 0.0;
             double acc_0_1 = 0.0;
             double acc_0_2 = 0.0;
@@ -871,54 +959,54 @@ __global__ void block_bwd_composed_f64_mlp_V(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
             }
             mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
             mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -972,9 +1060,8 @@ __global__ void block_bwd_composed_f64_mlp_V(
     }
 }
 
-/* mlp.V.edge: from the DNF
- * stage mlp: mlp_bwd tiled
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.V.edge: reads Wu; scratch mlp_V, xn2
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_V_edge(
     const double *__restrict__ x,
@@ -1071,9 +1158,8 @@ __global__ void block_bwd_composed_f64_mlp_V_edge(
     }
 }
 
-/* mlp.dU: from the DNF
- * stage mlp: mlp_bwd tiled
- * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+/* mlp.dU: reads U; scratch mlp_dU, mlp_dH, mlp_V
+ * for b, i (parallel) / e (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dU(
     const double *__restrict__ x,
@@ -1161,15 +1247,15 @@ __global__ void block_bwd_composed_f64_mlp_dU(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        const double t = 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e]));
-        mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0 + U[dff*(b*n + i) + e] * (1.0 - t));
+        const double t = 1.0 / (1.0 + exp(-U[U_row + e]));
+        mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0 + U[U_row + e] * (1.0 - t));
     }
 }
 
-/* mlp.WgT: from the DNF
- * stage mlp: mlp_bwd tiled
- * WgT[e, c] = (<c e> psi Wg)
+/* mlp.WgT: reads Wg; scratch mlp_WgT
+ * for e (parallel) / c (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_WgT(
     const double *__restrict__ x,
@@ -1261,9 +1347,8 @@ __global__ void block_bwd_composed_f64_mlp_WgT(
     }
 }
 
-/* mlp.dV: from the DNF
- * stage mlp: mlp_bwd tiled
- * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+/* mlp.dV: reads U; scratch mlp_dV, mlp_dH
+ * for b, i (parallel) / e (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dV(
     const double *__restrict__ x,
@@ -1356,9 +1441,8 @@ __global__ void block_bwd_composed_f64_mlp_dV(
     }
 }
 
-/* mlp.WuT: from the DNF
- * stage mlp: mlp_bwd tiled
- * WuT[e, c] = (<c e> psi Wu)
+/* mlp.WuT: reads Wu; scratch mlp_WuT
+ * for e (parallel) / c (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_WuT(
     const double *__restrict__ x,
@@ -1450,10 +1534,8 @@ __global__ void block_bwd_composed_f64_mlp_WuT(
     }
 }
 
-/* mlp.dX.pack_WgT: from the DNF
- * stage mlp: mlp_bwd tiled
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* mlp.dX.pack_WgT: scratch mlp_WgT_panel, mlp_WgT
+ * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dX_pack_WgT(
     const double *__restrict__ x,
@@ -1541,16 +1623,15 @@ __global__ void block_bwd_composed_f64_mlp_dX_pack_WgT(
     if (tid >= ((dm) / 8)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
+        const int64_t mlp_WgT_panel_row = 8*c_tile*dff + 8*e;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
+            mlp_WgT_panel[mlp_WgT_panel_row + lane] = mlp_WgT[8*c_tile + dm*e + lane];
         }
     }
 }
 
-/* mlp.dX.pack_WuT: from the DNF
- * stage mlp: mlp_bwd tiled
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* mlp.dX.pack_WuT: scratch mlp_WuT_panel, mlp_WuT
+ * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dX_pack_WuT(
     const double *__restrict__ x,
@@ -1638,16 +1719,15 @@ __global__ void block_bwd_composed_f64_mlp_dX_pack_WuT(
     if (tid >= ((dm) / 8)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
+        const int64_t mlp_WuT_panel_row = 8*c_tile*dff + 8*e;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
+            mlp_WuT_panel[mlp_WuT_panel_row + lane] = mlp_WuT[8*c_tile + dm*e + lane];
         }
     }
 }
 
-/* mlp.dX: from the DNF
- * stage mlp: mlp_bwd tiled
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
+ * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
  */
 __global__ void block_bwd_composed_f64_mlp_dX(
     const double *__restrict__ x,
@@ -1737,6 +1817,18 @@ __global__ void block_bwd_composed_f64_mlp_dX(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t mlp_dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t mlp_dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t mlp_dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t mlp_dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t mlp_dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t mlp_dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+            const int64_t mlp_dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t mlp_dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t mlp_dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t mlp_dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t mlp_dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t mlp_dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             double acc_0_0 = 0.0;
             double acc_0_1 = 0.0;
             double acc_0_2 = 0.0;
@@ -1786,54 +1878,54 @@ __global__ void block_bwd_composed_f64_mlp_dX(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_0_0 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_0_1 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_0_2 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_0_3 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_0_4 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_0_5 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_0_6 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_0_7 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_1_0 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_1_1 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_1_2 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_1_3 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_1_4 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_1_5 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_1_6 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_1_7 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_2_0 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_2_1 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_2_2 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_2_3 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_2_4 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_2_5 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_2_6 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_2_7 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_3_0 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_3_1 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_3_2 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_3_3 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_3_4 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_3_5 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_3_6 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_3_7 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_4_0 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_4_1 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_4_2 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_4_3 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_4_4 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_4_5 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_4_6 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_4_7 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_5_0 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_5_1 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_5_2 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_5_3 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_5_4 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_5_5 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_5_6 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_5_7 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
             }
             dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
             dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -1887,10 +1979,8 @@ __global__ void block_bwd_composed_f64_mlp_dX(
     }
 }
 
-/* mlp.dX.edge: from the DNF
- * stage mlp: mlp_bwd tiled
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* mlp.dX.edge: scratch dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT
+ * for b, i (parallel) / c / e (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dX_edge(
     const double *__restrict__ x,
@@ -1987,9 +2077,8 @@ __global__ void block_bwd_composed_f64_mlp_dX_edge(
     }
 }
 
-/* mlp.XT: from the DNF
- * stage mlp: mlp_bwd tiled
- * XT[b, c, i] = (<b i c> psi X)
+/* mlp.XT: scratch mlp_XT, xn2
+ * for b, c (parallel) / i (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_XT(
     const double *__restrict__ x,
@@ -2082,9 +2171,8 @@ __global__ void block_bwd_composed_f64_mlp_XT(
     }
 }
 
-/* mlp.dWg.pack_dU: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* mlp.dWg.pack_dU: scratch mlp_dU_panel, mlp_dU
+ * for e_tile (parallel) / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dWg_pack_dU(
     const double *__restrict__ x,
@@ -2173,16 +2261,17 @@ __global__ void block_bwd_composed_f64_mlp_dWg_pack_dU(
     const int64_t e_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t mlp_dU_panel_row = 8*i + 8*n*(b + batch*e_tile);
+            const int64_t mlp_dU_row = dff*(b*n + i) + 8*e_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
+                mlp_dU_panel[mlp_dU_panel_row + lane] = mlp_dU[mlp_dU_row + lane];
             }
         }
     }
 }
 
-/* mlp.dWg: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
+ * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_mlp_dWg(
     const double *__restrict__ x,
@@ -2319,55 +2408,61 @@ __global__ void block_bwd_composed_f64_mlp_dWg(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+            const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+            const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+            const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+            const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+            const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
         dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -2421,9 +2516,8 @@ __global__ void block_bwd_composed_f64_mlp_dWg(
     }
 }
 
-/* mlp.dWg.edge: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
+ * for c (parallel) / e / b / i (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dWg_edge(
     const double *__restrict__ x,
@@ -2523,9 +2617,8 @@ __global__ void block_bwd_composed_f64_mlp_dWg_edge(
     }
 }
 
-/* mlp.dWu.pack_dV: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* mlp.dWu.pack_dV: scratch mlp_dV_panel, mlp_dV
+ * for e_tile (parallel) / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dWu_pack_dV(
     const double *__restrict__ x,
@@ -2614,16 +2707,17 @@ __global__ void block_bwd_composed_f64_mlp_dWu_pack_dV(
     const int64_t e_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t mlp_dV_panel_row = 8*i + 8*n*(b + batch*e_tile);
+            const int64_t mlp_dV_row = dff*(b*n + i) + 8*e_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
+                mlp_dV_panel[mlp_dV_panel_row + lane] = mlp_dV[mlp_dV_row + lane];
             }
         }
     }
 }
 
-/* mlp.dWu: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
+ * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_mlp_dWu(
     const double *__restrict__ x,
@@ -2760,55 +2854,61 @@ __global__ void block_bwd_composed_f64_mlp_dWu(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+            const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+            const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+            const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+            const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+            const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
         dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -2862,9 +2962,8 @@ __global__ void block_bwd_composed_f64_mlp_dWu(
     }
 }
 
-/* mlp.dWu.edge: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
+ * for c (parallel) / e / b / i (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dWu_edge(
     const double *__restrict__ x,
@@ -2964,9 +3063,8 @@ __global__ void block_bwd_composed_f64_mlp_dWu_edge(
     }
 }
 
-/* mlp.HT: from the DNF
- * stage mlp: mlp_bwd tiled
- * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+/* mlp.HT: reads U; scratch mlp_HT, mlp_V
+ * for b, e (parallel) / i (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_HT(
     const double *__restrict__ x,
@@ -3059,9 +3157,8 @@ __global__ void block_bwd_composed_f64_mlp_HT(
     }
 }
 
-/* mlp.dWd.pack_dF: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* mlp.dWd.pack_dF: reads dy; scratch mlp_dF_panel
+ * for c_tile (parallel) / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dWd_pack_dF(
     const double *__restrict__ x,
@@ -3150,16 +3247,17 @@ __global__ void block_bwd_composed_f64_mlp_dWd_pack_dF(
     const int64_t c_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t mlp_dF_panel_row = 8*i + 8*n*(b + batch*c_tile);
+            const int64_t dy_row = 8*c_tile + dm*(b*n + i);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
+                mlp_dF_panel[mlp_dF_panel_row + lane] = dy[dy_row + lane];
             }
         }
     }
 }
 
-/* mlp.dWd: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
+ * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_mlp_dWd(
     const double *__restrict__ x,
@@ -3296,55 +3394,61 @@ __global__ void block_bwd_composed_f64_mlp_dWd(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t mlp_HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
+            const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
+            const int64_t mlp_HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
+            const int64_t mlp_HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
+            const int64_t mlp_HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
+            const int64_t mlp_HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_0_1 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_0_2 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_0_3 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_0_4 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_0_5 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_0_6 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_0_7 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_1_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_1_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_1_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_1_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_1_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_1_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_1_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_1_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_2_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_2_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_2_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_2_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_2_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_2_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_2_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_2_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_3_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_3_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_3_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_3_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_3_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_3_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_3_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_3_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_4_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_4_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_4_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_4_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_4_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_4_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_4_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_4_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_5_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_5_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_5_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_5_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_5_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_5_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_5_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_5_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_0_4 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_0_5 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_0_6 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_0_7 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_1_4 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_1_5 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_1_6 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_1_7 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_2_0 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_2_1 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_2_2 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_2_3 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_2_4 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_2_5 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_2_6 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_2_7 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_3_0 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_3_1 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_3_2 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_3_3 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_3_4 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_3_5 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_3_6 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_3_7 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_4_0 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_4_1 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_4_2 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_4_3 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_4_4 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_4_5 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_4_6 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_4_7 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_5_0 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_5_1 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_5_2 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_5_3 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_5_4 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_5_5 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_5_6 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_5_7 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
             }
         }
         dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
@@ -3398,9 +3502,8 @@ __global__ void block_bwd_composed_f64_mlp_dWd(
     }
 }
 
-/* mlp.dWd.edge: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
+ * for e (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dWd_edge(
     const double *__restrict__ x,
@@ -3500,20 +3603,8 @@ __global__ void block_bwd_composed_f64_mlp_dWd_edge(
     }
 }
 
-/* norm2.dweight.partial: from the DNF
- * stage norm2: rmsnorm_bwd dnf
- * dx[b, i, c] = (<b i> psi inv_rms)
- *               * ((<b i c> psi dz) * (<c> psi weight)
- *               - (<b i c> psi x) * (<b i> psi inv_rms)
- *               * sum[c2 < d](
- *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
- *               )
- *               / d)
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm, dxn2
+ * for i_part (parallel) / c (simd), b / i / c (simd)
  */
 __global__ void block_bwd_composed_f64_norm2_dweight_partial(
     const double *__restrict__ x,
@@ -3619,13 +3710,8 @@ __global__ void block_bwd_composed_f64_norm2_dweight_partial(
     }
 }
 
-/* norm2.dweight: from the DNF
- * stage norm2: rmsnorm_bwd dnf
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* norm2.dweight: writes dnorm2; scratch norm2_dweight_part
+ * for c / i_part (simd)
  */
 __global__ void block_bwd_composed_f64_norm2_dweight(
     const double *__restrict__ x,
@@ -3720,9 +3806,8 @@ __global__ void block_bwd_composed_f64_norm2_dweight(
     }
 }
 
-/* add2.y: from the DNF
- * stage add2: residual_add dnf
- * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+/* add2.y: reads dy; scratch dresid, dresid_norm
+ * for b, i (parallel) / m (simd)
  */
 __global__ void block_bwd_composed_f64_add2_y(
     const double *__restrict__ x,
@@ -3815,9 +3900,8 @@ __global__ void block_bwd_composed_f64_add2_y(
     }
 }
 
-/* out.WoT: from the DNF
- * stage out: out_proj_bwd tiled
- * WoT[h, m, c] = (<h c m> psi Wo)
+/* out.WoT: reads Wo; scratch out_WoT
+ * for h (parallel) / m / c (simd)
  */
 __global__ void block_bwd_composed_f64_out_WoT(
     const double *__restrict__ x,
@@ -3911,9 +3995,8 @@ __global__ void block_bwd_composed_f64_out_WoT(
     }
 }
 
-/* out.dO.pack_WoT: from the DNF
- * stage out: out_proj_bwd tiled
- * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+/* out.dO.pack_WoT: scratch out_WoT_panel, out_WoT
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_bwd_composed_f64_out_dO_pack_WoT(
     const double *__restrict__ x,
@@ -4002,16 +4085,17 @@ __global__ void block_bwd_composed_f64_out_dO_pack_WoT(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t out_WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t out_WoT_row = 8*c_tile + dh*(dm*h + m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
+                out_WoT_panel[out_WoT_panel_row + lane] = out_WoT[out_WoT_row + lane];
             }
         }
     }
 }
 
-/* out.dO: from the DNF
- * stage out: out_proj_bwd tiled
- * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+/* out.dO: scratch dattn, dresid, out_WoT_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void block_bwd_composed_f64_out_dO(
     const double *__restrict__ x,
@@ -4101,6 +4185,12 @@ __global__ void block_bwd_composed_f64_out_dO(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t dresid_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t dresid_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t dresid_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t dresid_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t dresid_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t dresid_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -4150,54 +4240,54 @@ __global__ void block_bwd_composed_f64_out_dO(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -4250,9 +4340,8 @@ __global__ void block_bwd_composed_f64_out_dO(
     }
 }
 
-/* out.dO.edge: from the DNF
- * stage out: out_proj_bwd tiled
- * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+/* out.dO.edge: scratch dattn, dresid, out_WoT
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_bwd_composed_f64_out_dO_edge(
     const double *__restrict__ x,
@@ -4341,18 +4430,18 @@ __global__ void block_bwd_composed_f64_out_dO_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dattn_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         double yw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
         }
-        dattn[c + dh*(i + n*(b*heads + h))] = yw;
+        dattn[dattn_row + c] = yw;
     }
 }
 
-/* out.dWo.pack_dY: from the DNF
- * stage out: out_proj_bwd tiled
- * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+/* out.dWo.pack_dY: scratch out_dY_panel, dresid
+ * for m_tile (parallel) / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f64_out_dWo_pack_dY(
     const double *__restrict__ x,
@@ -4441,16 +4530,17 @@ __global__ void block_bwd_composed_f64_out_dWo_pack_dY(
     const int64_t m_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t out_dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
+            const int64_t dresid_row = dm*(b*n + i) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
+                out_dY_panel[out_dY_panel_row + lane] = dresid[dresid_row + lane];
             }
         }
     }
 }
 
-/* out.dWo: from the DNF
- * stage out: out_proj_bwd tiled
- * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+/* out.dWo: writes dWo; reads attn; scratch out_dY_panel
+ * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_out_dWo(
     const double *__restrict__ x,
@@ -4690,9 +4780,8 @@ __global__ void block_bwd_composed_f64_out_dWo(
     }
 }
 
-/* out.dWo.edge: from the DNF
- * stage out: out_proj_bwd tiled
- * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+/* out.dWo.edge: writes dWo; reads attn; scratch dresid
+ * for h, c (parallel) / m / b / i (simd)
  */
 __global__ void block_bwd_composed_f64_out_dWo_edge(
     const double *__restrict__ x,
@@ -4793,9 +4882,8 @@ __global__ void block_bwd_composed_f64_out_dWo_edge(
     }
 }
 
-/* attn.delta: from the DNF
- * stage attn: attention_bwd dnf
- * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+/* attn.delta: reads attn; scratch attn_delta, dattn
+ * for b, h, i (parallel) / c (simd)
  */
 __global__ void block_bwd_composed_f64_attn_delta(
     const double *__restrict__ x,
@@ -4884,25 +4972,17 @@ __global__ void block_bwd_composed_f64_attn_delta(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dattn_row = dh*(i + n*(b*heads + h));
+    const int64_t attn_row = dh*(i + n*(b*heads + h));
     double rowdot = 0.0;
     for (int64_t c = 0; c < dh; ++c) {
-        rowdot += dattn[c + dh*(i + n*(b*heads + h))] * attn[c + dh*(i + n*(b*heads + h))];
+        rowdot += dattn[dattn_row + c] * attn[attn_row + c];
     }
     attn_delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* attn.dQ: from the DNF
- * stage attn: attention_bwd dnf
- * dQ[b, h, i, c] = sum[j2 < n](
- *                      scale
- *                      * exp(
- *                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
- *                          - (<b h i> psi lse)
- *                      )
- *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
- *                      - (<b h i> psi delta))
- *                      * (<b h j2 c> psi K)
- *                  )
+/* attn.dQ: reads Q, K, V, lse; scratch dQ, dattn, attn_delta
+ * for b, h, i (parallel) / c (simd), j / c (simd)
  */
 __global__ void block_bwd_composed_f64_attn_dQ(
     const double *__restrict__ x,
@@ -4995,13 +5075,14 @@ __global__ void block_bwd_composed_f64_attn_dQ(
         dQ[c + dh*(i + n*(b*heads + h))] = 0.0;
     }
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t V_row = dh*(j + n*(b*heads + h));
         double qk = 0.0;
         for (int64_t c = 0; c < dh; ++c) {
             qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
         }
         double dov = 0.0;
         for (int64_t c = 0; c < dh; ++c) {
-            dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
+            dov += dattn[c + dh*(i + n*(b*heads + h))] * V[V_row + c];
         }
         const double t = scale * exp(scale * qk - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
         for (int64_t c = 0; c < dh; ++c) {
@@ -5010,18 +5091,8 @@ __global__ void block_bwd_composed_f64_attn_dQ(
     }
 }
 
-/* attn.dK: from the DNF
- * stage attn: attention_bwd dnf
- * dK[b, h, j, c] = sum[i2 < n](
- *                      scale
- *                      * exp(
- *                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
- *                          - (<b h i2> psi lse)
- *                      )
- *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
- *                      - (<b h i2> psi delta))
- *                      * (<b h i2 c> psi Q)
- *                  )
+/* attn.dK: reads Q, K, V, lse; scratch dK, dattn, attn_delta
+ * for b, h, j (parallel) / c (simd), i / c (simd)
  */
 __global__ void block_bwd_composed_f64_attn_dK(
     const double *__restrict__ x,
@@ -5114,13 +5185,14 @@ __global__ void block_bwd_composed_f64_attn_dK(
         dK[c + dh*(j + n*(b*heads + h))] = 0.0;
     }
     for (int64_t i = 0; i < n; ++i) {
+        const int64_t dattn_row = dh*(i + n*(b*heads + h));
         double qk = 0.0;
         for (int64_t c = 0; c < dh; ++c) {
             qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
         }
         double dov = 0.0;
         for (int64_t c = 0; c < dh; ++c) {
-            dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
+            dov += dattn[dattn_row + c] * V[c + dh*(j + n*(b*heads + h))];
         }
         const double t2 = scale * exp(scale * qk - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
         for (int64_t c = 0; c < dh; ++c) {
@@ -5129,15 +5201,8 @@ __global__ void block_bwd_composed_f64_attn_dK(
     }
 }
 
-/* attn.dV: from the DNF
- * stage attn: attention_bwd dnf
- * dV[b, h, j, c] = sum[i3 < n](
- *                      exp(
- *                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
- *                          - (<b h i3> psi lse)
- *                      )
- *                      * (<b h i3 c> psi dO)
- *                  )
+/* attn.dV: reads Q, K, lse; scratch dV, dattn
+ * for b, h, j (parallel) / c (simd), i / c (simd)
  */
 __global__ void block_bwd_composed_f64_attn_dV(
     const double *__restrict__ x,
@@ -5230,20 +5295,21 @@ __global__ void block_bwd_composed_f64_attn_dV(
         dV[c + dh*(j + n*(b*heads + h))] = 0.0;
     }
     for (int64_t i = 0; i < n; ++i) {
+        const int64_t Q_row = dh*(i + n*(b*heads + h));
+        const int64_t dattn_row = dh*(i + n*(b*heads + h));
         double qk = 0.0;
         for (int64_t c = 0; c < dh; ++c) {
-            qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+            qk += Q[Q_row + c] * K[c + dh*(j + n*(b*heads + h))];
         }
         const double t3 = exp(scale * qk - lse[i + n*(b*heads + h)]);
         for (int64_t c = 0; c < dh; ++c) {
-            dV[c + dh*(j + n*(b*heads + h))] += t3 * dattn[c + dh*(i + n*(b*heads + h))];
+            dV[c + dh*(j + n*(b*heads + h))] += t3 * dattn[dattn_row + c];
         }
     }
 }
 
-/* norm1_apply.z: from the DNF
- * stage norm1_apply: rmsnorm_apply dnf
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* norm1_apply.z: reads norm1, x, inv_rms1; scratch xn1
+ * for b, i (parallel) / c (simd)
  */
 __global__ void block_bwd_composed_f64_norm1_apply_z(
     const double *__restrict__ x,
@@ -5336,9 +5402,8 @@ __global__ void block_bwd_composed_f64_norm1_apply_z(
     }
 }
 
-/* qkv.WqT: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * WqT[h, c, m] = (<m h c> psi Wq)
+/* qkv.WqT: reads Wq; scratch qkv_WqT
+ * for h (parallel) / c / m (simd)
  */
 __global__ void block_bwd_composed_f64_qkv_WqT(
     const double *__restrict__ x,
@@ -5432,9 +5497,8 @@ __global__ void block_bwd_composed_f64_qkv_WqT(
     }
 }
 
-/* qkv.WkT: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * WkT[h, c, m] = (<m h c> psi Wk)
+/* qkv.WkT: reads Wk; scratch qkv_WkT
+ * for h (parallel) / c / m (simd)
  */
 __global__ void block_bwd_composed_f64_qkv_WkT(
     const double *__restrict__ x,
@@ -5528,9 +5592,8 @@ __global__ void block_bwd_composed_f64_qkv_WkT(
     }
 }
 
-/* qkv.WvT: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * WvT[h, c, m] = (<m h c> psi Wv)
+/* qkv.WvT: reads Wv; scratch qkv_WvT
+ * for h (parallel) / c / m (simd)
  */
 __global__ void block_bwd_composed_f64_qkv_WvT(
     const double *__restrict__ x,
@@ -5624,11 +5687,8 @@ __global__ void block_bwd_composed_f64_qkv_WvT(
     }
 }
 
-/* qkv.dX.pack_WqT: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* qkv.dX.pack_WqT: scratch qkv_WqT_panel, qkv_WqT
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void block_bwd_composed_f64_qkv_dX_pack_WqT(
     const double *__restrict__ x,
@@ -5717,18 +5777,17 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WqT(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t qkv_WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t qkv_WqT_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WqT[dm*(c + dh*h) + lane + 8*m_tile];
+                qkv_WqT_panel[qkv_WqT_panel_row + lane] = qkv_WqT[qkv_WqT_row + lane];
             }
         }
     }
 }
 
-/* qkv.dX.pack_WkT: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* qkv.dX.pack_WkT: scratch qkv_WkT_panel, qkv_WkT
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void block_bwd_composed_f64_qkv_dX_pack_WkT(
     const double *__restrict__ x,
@@ -5817,18 +5876,17 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WkT(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t qkv_WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t qkv_WkT_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WkT[dm*(c + dh*h) + lane + 8*m_tile];
+                qkv_WkT_panel[qkv_WkT_panel_row + lane] = qkv_WkT[qkv_WkT_row + lane];
             }
         }
     }
 }
 
-/* qkv.dX.pack_WvT: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* qkv.dX.pack_WvT: scratch qkv_WvT_panel, qkv_WvT
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void block_bwd_composed_f64_qkv_dX_pack_WvT(
     const double *__restrict__ x,
@@ -5917,18 +5975,17 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WvT(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t qkv_WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t qkv_WvT_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WvT[dm*(c + dh*h) + lane + 8*m_tile];
+                qkv_WvT_panel[qkv_WvT_panel_row + lane] = qkv_WvT[qkv_WvT_row + lane];
             }
         }
     }
 }
 
-/* qkv.dX: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* qkv.dX: scratch dxn1, dQ, qkv_WqT_panel, dK, qkv_WkT_panel, dV, qkv_WvT_panel
+ * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
  */
 __global__ void block_bwd_composed_f64_qkv_dX(
     const double *__restrict__ x,
@@ -6066,55 +6123,73 @@ __global__ void block_bwd_composed_f64_qkv_dX(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t h = 0; h < heads; ++h) {
+            const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+            const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+            const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_0_0 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_0_1 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_0_2 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_0_3 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_0_4 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_0_5 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_0_6 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_0_7 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_1_0 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_1_1 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_1_2 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_1_3 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_1_4 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_1_5 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_1_6 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_1_7 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_2_0 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_2_1 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_2_2 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_2_3 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_2_4 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_2_5 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_2_6 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_2_7 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_3_0 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_3_1 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_3_2 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_3_3 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_3_4 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_3_5 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_3_6 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_3_7 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_4_0 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_4_1 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_4_2 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_4_3 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_4_4 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_4_5 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_4_6 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_4_7 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_5_0 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_5_1 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_5_2 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_5_3 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_5_4 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_5_5 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_5_6 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_5_7 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
         dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -6168,11 +6243,8 @@ __global__ void block_bwd_composed_f64_qkv_dX(
     }
 }
 
-/* qkv.dX.edge: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* qkv.dX.edge: scratch dxn1, dQ, qkv_WqT, dK, qkv_WkT, dV, qkv_WvT
+ * for b, i (parallel) / m / h / c (simd)
  */
 __global__ void block_bwd_composed_f64_qkv_dX_edge(
     const double *__restrict__ x,
@@ -6263,9 +6335,12 @@ __global__ void block_bwd_composed_f64_qkv_dX_edge(
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
         double heads_sum = 0.0;
         for (int64_t h = 0; h < heads; ++h) {
+            const int64_t dQ_row = dh*(i + n*(b*heads + h));
+            const int64_t dK_row = dh*(i + n*(b*heads + h));
+            const int64_t dV_row = dh*(i + n*(b*heads + h));
             double gw = 0.0;
             for (int64_t c = 0; c < dh; ++c) {
-                gw += dQ[c + dh*(i + n*(b*heads + h))] * qkv_WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * qkv_WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * qkv_WvT[dm*(c + dh*h) + m];
+                gw += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
             }
             heads_sum += gw;
         }
@@ -6273,9 +6348,8 @@ __global__ void block_bwd_composed_f64_qkv_dX_edge(
     }
 }
 
-/* qkv.dWq.pack_dQ: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+/* qkv.dWq.pack_dQ: scratch qkv_dQ_panel, dQ
+ * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f64_qkv_dWq_pack_dQ(
     const double *__restrict__ x,
@@ -6365,17 +6439,18 @@ __global__ void block_bwd_composed_f64_qkv_dWq_pack_dQ(
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t qkv_dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    qkv_dQ_panel[qkv_dQ_panel_row + lane] = dQ[dQ_row + lane];
                 }
             }
         }
     }
 }
 
-/* qkv.dWq: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+/* qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
+ * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_qkv_dWq(
     const double *__restrict__ x,
@@ -6615,9 +6690,8 @@ __global__ void block_bwd_composed_f64_qkv_dWq(
     }
 }
 
-/* qkv.dWq.edge: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+/* qkv.dWq.edge: writes dWq; scratch xn1, dQ
+ * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_composed_f64_qkv_dWq_edge(
     const double *__restrict__ x,
@@ -6718,9 +6792,8 @@ __global__ void block_bwd_composed_f64_qkv_dWq_edge(
     }
 }
 
-/* qkv.dWk.pack_dK: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+/* qkv.dWk.pack_dK: scratch qkv_dK_panel, dK
+ * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f64_qkv_dWk_pack_dK(
     const double *__restrict__ x,
@@ -6810,17 +6883,18 @@ __global__ void block_bwd_composed_f64_qkv_dWk_pack_dK(
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t qkv_dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    qkv_dK_panel[qkv_dK_panel_row + lane] = dK[dK_row + lane];
                 }
             }
         }
     }
 }
 
-/* qkv.dWk: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+/* qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
+ * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_qkv_dWk(
     const double *__restrict__ x,
@@ -7060,9 +7134,8 @@ __global__ void block_bwd_composed_f64_qkv_dWk(
     }
 }
 
-/* qkv.dWk.edge: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+/* qkv.dWk.edge: writes dWk; scratch xn1, dK
+ * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_composed_f64_qkv_dWk_edge(
     const double *__restrict__ x,
@@ -7163,9 +7236,8 @@ __global__ void block_bwd_composed_f64_qkv_dWk_edge(
     }
 }
 
-/* qkv.dWv.pack_dV: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+/* qkv.dWv.pack_dV: scratch qkv_dV_panel, dV
+ * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f64_qkv_dWv_pack_dV(
     const double *__restrict__ x,
@@ -7255,17 +7327,18 @@ __global__ void block_bwd_composed_f64_qkv_dWv_pack_dV(
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t qkv_dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    qkv_dV_panel[qkv_dV_panel_row + lane] = dV[dV_row + lane];
                 }
             }
         }
     }
 }
 
-/* qkv.dWv: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+/* qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
+ * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f64_qkv_dWv(
     const double *__restrict__ x,
@@ -7505,9 +7578,8 @@ __global__ void block_bwd_composed_f64_qkv_dWv(
     }
 }
 
-/* qkv.dWv.edge: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+/* qkv.dWv.edge: writes dWv; scratch xn1, dV
+ * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_composed_f64_qkv_dWv_edge(
     const double *__restrict__ x,
@@ -7608,20 +7680,8 @@ __global__ void block_bwd_composed_f64_qkv_dWv_edge(
     }
 }
 
-/* norm1.dweight.partial: from the DNF
- * stage norm1: rmsnorm_bwd dnf
- * dx[b, i, c] = (<b i> psi inv_rms)
- *               * ((<b i c> psi dz) * (<c> psi weight)
- *               - (<b i c> psi x) * (<b i> psi inv_rms)
- *               * sum[c2 < d](
- *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
- *               )
- *               / d)
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm, dxn1
+ * for i_part (parallel) / c (simd), b / i / c (simd)
  */
 __global__ void block_bwd_composed_f64_norm1_dweight_partial(
     const double *__restrict__ x,
@@ -7727,13 +7787,8 @@ __global__ void block_bwd_composed_f64_norm1_dweight_partial(
     }
 }
 
-/* norm1.dweight: from the DNF
- * stage norm1: rmsnorm_bwd dnf
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* norm1.dweight: writes dnorm1; scratch norm1_dweight_part
+ * for c / i_part (simd)
  */
 __global__ void block_bwd_composed_f64_norm1_dweight(
     const double *__restrict__ x,
@@ -7828,9 +7883,8 @@ __global__ void block_bwd_composed_f64_norm1_dweight(
     }
 }
 
-/* add1.y: from the DNF
- * stage add1: residual_add dnf
- * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+/* add1.y: writes dx; scratch dresid, dx_norm
+ * for b, i (parallel) / m (simd)
  */
 __global__ void block_bwd_composed_f64_add1_y(
     const double *__restrict__ x,
@@ -8007,436 +8061,435 @@ extern "C" int block_bwd_composed_f64(
     double scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f64_norm2_apply_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         block_bwd_composed_f64_mlp_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_bwd_composed_f64_mlp_dH_pack_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         block_bwd_composed_f64_mlp_dH<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f64_mlp_dH_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_bwd_composed_f64_mlp_V_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         block_bwd_composed_f64_mlp_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f64_mlp_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f64_mlp_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         block_bwd_composed_f64_mlp_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f64_mlp_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         block_bwd_composed_f64_mlp_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f64_mlp_dX_pack_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f64_mlp_dX_pack_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         block_bwd_composed_f64_mlp_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f64_mlp_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*dm;
+        const int64_t count = batch*dm, threads = 128;
         block_bwd_composed_f64_mlp_XT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_bwd_composed_f64_mlp_dWg_pack_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_bwd_composed_f64_mlp_dWg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         block_bwd_composed_f64_mlp_dWg_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_bwd_composed_f64_mlp_dWu_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_bwd_composed_f64_mlp_dWu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         block_bwd_composed_f64_mlp_dWu_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*dff;
+        const int64_t count = batch*dff, threads = 128;
         block_bwd_composed_f64_mlp_HT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f64_mlp_dWd_pack_dF<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f64_mlp_dWd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         block_bwd_composed_f64_mlp_dWd_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 16;
+        const int64_t count = 16, threads = 128;
         block_bwd_composed_f64_norm2_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 1;
+        const int64_t count = 1, threads = 128;
         block_bwd_composed_f64_norm2_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f64_add2_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f64_out_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f64_out_dO_pack_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         block_bwd_composed_f64_out_dO<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_bwd_composed_f64_out_dO_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f64_out_dWo_pack_dY<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dm) / 8);
+        const int64_t count = heads*((dm) / 8), threads = 128;
         block_bwd_composed_f64_out_dWo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dh*heads;
+        const int64_t count = dh*heads, threads = 128;
         block_bwd_composed_f64_out_dWo_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_bwd_composed_f64_attn_delta<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_bwd_composed_f64_attn_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_bwd_composed_f64_attn_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_bwd_composed_f64_attn_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f64_norm1_apply_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f64_qkv_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f64_qkv_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f64_qkv_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f64_qkv_dX_pack_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f64_qkv_dX_pack_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f64_qkv_dX_pack_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dm) / 8);
+        const int64_t count = batch*((dm) / 8), threads = 128;
         block_bwd_composed_f64_qkv_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f64_qkv_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f64_qkv_dWq_pack_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dh) / 8);
+        const int64_t count = heads*((dh) / 8), threads = 128;
         block_bwd_composed_f64_qkv_dWq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm*heads;
+        const int64_t count = dm*heads, threads = 128;
         block_bwd_composed_f64_qkv_dWq_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f64_qkv_dWk_pack_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dh) / 8);
+        const int64_t count = heads*((dh) / 8), threads = 128;
         block_bwd_composed_f64_qkv_dWk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm*heads;
+        const int64_t count = dm*heads, threads = 128;
         block_bwd_composed_f64_qkv_dWk_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f64_qkv_dWv_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dh) / 8);
+        const int64_t count = heads*((dh) / 8), threads = 128;
         block_bwd_composed_f64_qkv_dWv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm*heads;
+        const int64_t count = dm*heads, threads = 128;
         block_bwd_composed_f64_qkv_dWv_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 16;
+        const int64_t count = 16, threads = 128;
         block_bwd_composed_f64_norm1_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 1;
+        const int64_t count = 1, threads = 128;
         block_bwd_composed_f64_norm1_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f64_add1_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
@@ -8445,9 +8498,8 @@ extern "C" int block_bwd_composed_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* norm2_apply.z: from the DNF
- * stage norm2_apply: rmsnorm_apply dnf
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* norm2_apply.z: reads norm2, resid, inv_rms2; scratch xn2
+ * for b, i (parallel) / c (simd)
  */
 __global__ void block_bwd_composed_f32_norm2_apply_z(
     const float *__restrict__ x,
@@ -8540,9 +8592,8 @@ __global__ void block_bwd_composed_f32_norm2_apply_z(
     }
 }
 
-/* mlp.WdT: from the DNF
- * stage mlp: mlp_bwd tiled
- * WdT[c, e] = (<e c> psi Wd)
+/* mlp.WdT: reads Wd; scratch mlp_WdT
+ * for c (parallel) / e (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_WdT(
     const float *__restrict__ x,
@@ -8634,9 +8685,8 @@ __global__ void block_bwd_composed_f32_mlp_WdT(
     }
 }
 
-/* mlp.dH.pack_WdT: from the DNF
- * stage mlp: mlp_bwd tiled
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* mlp.dH.pack_WdT: scratch mlp_WdT_panel, mlp_WdT
+ * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dH_pack_WdT(
     const float *__restrict__ x,
@@ -8724,15 +8774,15 @@ __global__ void block_bwd_composed_f32_mlp_dH_pack_WdT(
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
+        const int64_t mlp_WdT_panel_row = 8*c + 8*dm*e_tile;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
+            mlp_WdT_panel[mlp_WdT_panel_row + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
         }
     }
 }
 
-/* mlp.dH: from the DNF
- * stage mlp: mlp_bwd tiled
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
+ * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
 __global__ void block_bwd_composed_f32_mlp_dH(
     const float *__restrict__ x,
@@ -8822,6 +8872,12 @@ __global__ void block_bwd_composed_f32_mlp_dH(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t dy_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dy_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dy_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dy_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dy_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dy_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             float acc_0_0 = 0.0f;
             float acc_0_1 = 0.0f;
             float acc_0_2 = 0.0f;
@@ -8871,54 +8927,54 @@ __global__ void block_bwd_composed_f32_mlp_dH(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_0_0 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
             }
             mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
             mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -8972,9 +9028,8 @@ __global__ void block_bwd_composed_f32_mlp_dH(
     }
 }
 
-/* mlp.dH.edge: from the DNF
- * stage mlp: mlp_bwd tiled
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* mlp.dH.edge: reads dy; scratch mlp_dH, mlp_WdT
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dH_edge(
     const float *__restrict__ x,
@@ -9071,9 +9126,8 @@ __global__ void block_bwd_composed_f32_mlp_dH_edge(
     }
 }
 
-/* mlp.V.pack_Wu: from the DNF
- * stage mlp: mlp_bwd tiled
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
+ * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_V_pack_Wu(
     const float *__restrict__ x,
@@ -9161,15 +9215,15 @@ __global__ void block_bwd_composed_f32_mlp_V_pack_Wu(
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
+        const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
         }
     }
 }
 
-/* mlp.V: from the DNF
- * stage mlp: mlp_bwd tiled
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
+ * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
 __global__ void block_bwd_composed_f32_mlp_V(
     const float *__restrict__ x,
@@ -9259,6 +9313,12 @@ __global__ void block_bwd_composed_f32_mlp_V(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             float acc_0_0 = 0.0f;
             float acc_0_1 = 0.0f;
             float acc_0_2 = 0.0f;
@@ -9308,54 +9368,54 @@ __global__ void block_bwd_composed_f32_mlp_V(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
             }
             mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
             mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -9409,9 +9469,8 @@ __global__ void block_bwd_composed_f32_mlp_V(
     }
 }
 
-/* mlp.V.edge: from the DNF
- * stage mlp: mlp_bwd tiled
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.V.edge: reads Wu; scratch mlp_V, xn2
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_V_edge(
     const float *__restrict__ x,
@@ -9508,9 +9567,8 @@ __global__ void block_bwd_composed_f32_mlp_V_edge(
     }
 }
 
-/* mlp.dU: from the DNF
- * stage mlp: mlp_bwd tiled
- * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+/* mlp.dU: reads U; scratch mlp_dU, mlp_dH, mlp_V
+ * for b, i (parallel) / e (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dU(
     const float *__restrict__ x,
@@ -9598,15 +9656,15 @@ __global__ void block_bwd_composed_f32_mlp_dU(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        const float t = 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e]));
-        mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0f + U[dff*(b*n + i) + e] * (1.0f - t));
+        const float t = 1.0f / (1.0f + expf(-U[U_row + e]));
+        mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0f + U[U_row + e] * (1.0f - t));
     }
 }
 
-/* mlp.WgT: from the DNF
- * stage mlp: mlp_bwd tiled
- * WgT[e, c] = (<c e> psi Wg)
+/* mlp.WgT: reads Wg; scratch mlp_WgT
+ * for e (parallel) / c (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_WgT(
     const float *__restrict__ x,
@@ -9698,9 +9756,8 @@ __global__ void block_bwd_composed_f32_mlp_WgT(
     }
 }
 
-/* mlp.dV: from the DNF
- * stage mlp: mlp_bwd tiled
- * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+/* mlp.dV: reads U; scratch mlp_dV, mlp_dH
+ * for b, i (parallel) / e (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dV(
     const float *__restrict__ x,
@@ -9793,9 +9850,8 @@ __global__ void block_bwd_composed_f32_mlp_dV(
     }
 }
 
-/* mlp.WuT: from the DNF
- * stage mlp: mlp_bwd tiled
- * WuT[e, c] = (<c e> psi Wu)
+/* mlp.WuT: reads Wu; scratch mlp_WuT
+ * for e (parallel) / c (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_WuT(
     const float *__restrict__ x,
@@ -9887,10 +9943,8 @@ __global__ void block_bwd_composed_f32_mlp_WuT(
     }
 }
 
-/* mlp.dX.pack_WgT: from the DNF
- * stage mlp: mlp_bwd tiled
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* mlp.dX.pack_WgT: scratch mlp_WgT_panel, mlp_WgT
+ * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dX_pack_WgT(
     const float *__restrict__ x,
@@ -9978,16 +10032,15 @@ __global__ void block_bwd_composed_f32_mlp_dX_pack_WgT(
     if (tid >= ((dm) / 8)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
+        const int64_t mlp_WgT_panel_row = 8*c_tile*dff + 8*e;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
+            mlp_WgT_panel[mlp_WgT_panel_row + lane] = mlp_WgT[8*c_tile + dm*e + lane];
         }
     }
 }
 
-/* mlp.dX.pack_WuT: from the DNF
- * stage mlp: mlp_bwd tiled
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* mlp.dX.pack_WuT: scratch mlp_WuT_panel, mlp_WuT
+ * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dX_pack_WuT(
     const float *__restrict__ x,
@@ -10075,16 +10128,15 @@ __global__ void block_bwd_composed_f32_mlp_dX_pack_WuT(
     if (tid >= ((dm) / 8)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
+        const int64_t mlp_WuT_panel_row = 8*c_tile*dff + 8*e;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
+            mlp_WuT_panel[mlp_WuT_panel_row + lane] = mlp_WuT[8*c_tile + dm*e + lane];
         }
     }
 }
 
-/* mlp.dX: from the DNF
- * stage mlp: mlp_bwd tiled
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
+ * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
  */
 __global__ void block_bwd_composed_f32_mlp_dX(
     const float *__restrict__ x,
@@ -10174,6 +10226,18 @@ __global__ void block_bwd_composed_f32_mlp_dX(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t mlp_dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t mlp_dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t mlp_dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t mlp_dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t mlp_dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t mlp_dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+            const int64_t mlp_dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t mlp_dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t mlp_dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t mlp_dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t mlp_dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t mlp_dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             float acc_0_0 = 0.0f;
             float acc_0_1 = 0.0f;
             float acc_0_2 = 0.0f;
@@ -10223,54 +10287,54 @@ __global__ void block_bwd_composed_f32_mlp_dX(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_0_0 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_0_1 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_0_2 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_0_3 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_0_4 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_0_5 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_0_6 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_0_7 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_1_0 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_1_1 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_1_2 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_1_3 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_1_4 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_1_5 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_1_6 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_1_7 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_2_0 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_2_1 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_2_2 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_2_3 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_2_4 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_2_5 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_2_6 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_2_7 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_3_0 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_3_1 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_3_2 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_3_3 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_3_4 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_3_5 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_3_6 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_3_7 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_4_0 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_4_1 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_4_2 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_4_3 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_4_4 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_4_5 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_4_6 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_4_7 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_5_0 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_5_1 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_5_2 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_5_3 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_5_4 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_5_5 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_5_6 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_5_7 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
             }
             dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
             dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -10324,10 +10388,8 @@ __global__ void block_bwd_composed_f32_mlp_dX(
     }
 }
 
-/* mlp.dX.edge: from the DNF
- * stage mlp: mlp_bwd tiled
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* mlp.dX.edge: scratch dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT
+ * for b, i (parallel) / c / e (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dX_edge(
     const float *__restrict__ x,
@@ -10424,9 +10486,8 @@ __global__ void block_bwd_composed_f32_mlp_dX_edge(
     }
 }
 
-/* mlp.XT: from the DNF
- * stage mlp: mlp_bwd tiled
- * XT[b, c, i] = (<b i c> psi X)
+/* mlp.XT: scratch mlp_XT, xn2
+ * for b, c (parallel) / i (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_XT(
     const float *__restrict__ x,
@@ -10519,9 +10580,8 @@ __global__ void block_bwd_composed_f32_mlp_XT(
     }
 }
 
-/* mlp.dWg.pack_dU: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* mlp.dWg.pack_dU: scratch mlp_dU_panel, mlp_dU
+ * for e_tile (parallel) / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dWg_pack_dU(
     const float *__restrict__ x,
@@ -10610,16 +10670,17 @@ __global__ void block_bwd_composed_f32_mlp_dWg_pack_dU(
     const int64_t e_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t mlp_dU_panel_row = 8*i + 8*n*(b + batch*e_tile);
+            const int64_t mlp_dU_row = dff*(b*n + i) + 8*e_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
+                mlp_dU_panel[mlp_dU_panel_row + lane] = mlp_dU[mlp_dU_row + lane];
             }
         }
     }
 }
 
-/* mlp.dWg: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
+ * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_mlp_dWg(
     const float *__restrict__ x,
@@ -10756,55 +10817,61 @@ __global__ void block_bwd_composed_f32_mlp_dWg(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+            const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+            const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+            const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+            const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+            const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
         dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -10858,9 +10925,8 @@ __global__ void block_bwd_composed_f32_mlp_dWg(
     }
 }
 
-/* mlp.dWg.edge: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
+ * for c (parallel) / e / b / i (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dWg_edge(
     const float *__restrict__ x,
@@ -10960,9 +11026,8 @@ __global__ void block_bwd_composed_f32_mlp_dWg_edge(
     }
 }
 
-/* mlp.dWu.pack_dV: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* mlp.dWu.pack_dV: scratch mlp_dV_panel, mlp_dV
+ * for e_tile (parallel) / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dWu_pack_dV(
     const float *__restrict__ x,
@@ -11051,16 +11116,17 @@ __global__ void block_bwd_composed_f32_mlp_dWu_pack_dV(
     const int64_t e_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t mlp_dV_panel_row = 8*i + 8*n*(b + batch*e_tile);
+            const int64_t mlp_dV_row = dff*(b*n + i) + 8*e_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
+                mlp_dV_panel[mlp_dV_panel_row + lane] = mlp_dV[mlp_dV_row + lane];
             }
         }
     }
 }
 
-/* mlp.dWu: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
+ * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_mlp_dWu(
     const float *__restrict__ x,
@@ -11197,55 +11263,61 @@ __global__ void block_bwd_composed_f32_mlp_dWu(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+            const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+            const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+            const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+            const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+            const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
         dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -11299,9 +11371,8 @@ __global__ void block_bwd_composed_f32_mlp_dWu(
     }
 }
 
-/* mlp.dWu.edge: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
+ * for c (parallel) / e / b / i (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dWu_edge(
     const float *__restrict__ x,
@@ -11401,9 +11472,8 @@ __global__ void block_bwd_composed_f32_mlp_dWu_edge(
     }
 }
 
-/* mlp.HT: from the DNF
- * stage mlp: mlp_bwd tiled
- * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+/* mlp.HT: reads U; scratch mlp_HT, mlp_V
+ * for b, e (parallel) / i (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_HT(
     const float *__restrict__ x,
@@ -11496,9 +11566,8 @@ __global__ void block_bwd_composed_f32_mlp_HT(
     }
 }
 
-/* mlp.dWd.pack_dF: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* mlp.dWd.pack_dF: reads dy; scratch mlp_dF_panel
+ * for c_tile (parallel) / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dWd_pack_dF(
     const float *__restrict__ x,
@@ -11587,16 +11656,17 @@ __global__ void block_bwd_composed_f32_mlp_dWd_pack_dF(
     const int64_t c_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t mlp_dF_panel_row = 8*i + 8*n*(b + batch*c_tile);
+            const int64_t dy_row = 8*c_tile + dm*(b*n + i);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
+                mlp_dF_panel[mlp_dF_panel_row + lane] = dy[dy_row + lane];
             }
         }
     }
 }
 
-/* mlp.dWd: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
+ * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_mlp_dWd(
     const float *__restrict__ x,
@@ -11733,55 +11803,61 @@ __global__ void block_bwd_composed_f32_mlp_dWd(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t mlp_HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
+            const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
+            const int64_t mlp_HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
+            const int64_t mlp_HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
+            const int64_t mlp_HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
+            const int64_t mlp_HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_0_1 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_0_2 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_0_3 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_0_4 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_0_5 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_0_6 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_0_7 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_1_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_1_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_1_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_1_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_1_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_1_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_1_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_1_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_2_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_2_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_2_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_2_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_2_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_2_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_2_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_2_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_3_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_3_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_3_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_3_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_3_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_3_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_3_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_3_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_4_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_4_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_4_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_4_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_4_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_4_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_4_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_4_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_5_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_5_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_5_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_5_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_5_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_5_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_5_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_5_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_0_4 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_0_5 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_0_6 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_0_7 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_1_4 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_1_5 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_1_6 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_1_7 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_2_0 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_2_1 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_2_2 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_2_3 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_2_4 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_2_5 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_2_6 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_2_7 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_3_0 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_3_1 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_3_2 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_3_3 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_3_4 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_3_5 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_3_6 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_3_7 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_4_0 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_4_1 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_4_2 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_4_3 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_4_4 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_4_5 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_4_6 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_4_7 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_5_0 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_5_1 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_5_2 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_5_3 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_5_4 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_5_5 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_5_6 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_5_7 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
             }
         }
         dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
@@ -11835,9 +11911,8 @@ __global__ void block_bwd_composed_f32_mlp_dWd(
     }
 }
 
-/* mlp.dWd.edge: from the DNF
- * stage mlp: mlp_bwd tiled
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
+ * for e (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dWd_edge(
     const float *__restrict__ x,
@@ -11937,20 +12012,8 @@ __global__ void block_bwd_composed_f32_mlp_dWd_edge(
     }
 }
 
-/* norm2.dweight.partial: from the DNF
- * stage norm2: rmsnorm_bwd dnf
- * dx[b, i, c] = (<b i> psi inv_rms)
- *               * ((<b i c> psi dz) * (<c> psi weight)
- *               - (<b i c> psi x) * (<b i> psi inv_rms)
- *               * sum[c2 < d](
- *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
- *               )
- *               / d)
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm, dxn2
+ * for i_part (parallel) / c (simd), b / i / c (simd)
  */
 __global__ void block_bwd_composed_f32_norm2_dweight_partial(
     const float *__restrict__ x,
@@ -12056,13 +12119,8 @@ __global__ void block_bwd_composed_f32_norm2_dweight_partial(
     }
 }
 
-/* norm2.dweight: from the DNF
- * stage norm2: rmsnorm_bwd dnf
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* norm2.dweight: writes dnorm2; scratch norm2_dweight_part
+ * for c / i_part (simd)
  */
 __global__ void block_bwd_composed_f32_norm2_dweight(
     const float *__restrict__ x,
@@ -12157,9 +12215,8 @@ __global__ void block_bwd_composed_f32_norm2_dweight(
     }
 }
 
-/* add2.y: from the DNF
- * stage add2: residual_add dnf
- * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+/* add2.y: reads dy; scratch dresid, dresid_norm
+ * for b, i (parallel) / m (simd)
  */
 __global__ void block_bwd_composed_f32_add2_y(
     const float *__restrict__ x,
@@ -12252,9 +12309,8 @@ __global__ void block_bwd_composed_f32_add2_y(
     }
 }
 
-/* out.WoT: from the DNF
- * stage out: out_proj_bwd tiled
- * WoT[h, m, c] = (<h c m> psi Wo)
+/* out.WoT: reads Wo; scratch out_WoT
+ * for h (parallel) / m / c (simd)
  */
 __global__ void block_bwd_composed_f32_out_WoT(
     const float *__restrict__ x,
@@ -12348,9 +12404,8 @@ __global__ void block_bwd_composed_f32_out_WoT(
     }
 }
 
-/* out.dO.pack_WoT: from the DNF
- * stage out: out_proj_bwd tiled
- * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+/* out.dO.pack_WoT: scratch out_WoT_panel, out_WoT
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_bwd_composed_f32_out_dO_pack_WoT(
     const float *__restrict__ x,
@@ -12439,16 +12494,17 @@ __global__ void block_bwd_composed_f32_out_dO_pack_WoT(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t out_WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t out_WoT_row = 8*c_tile + dh*(dm*h + m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
+                out_WoT_panel[out_WoT_panel_row + lane] = out_WoT[out_WoT_row + lane];
             }
         }
     }
 }
 
-/* out.dO: from the DNF
- * stage out: out_proj_bwd tiled
- * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+/* out.dO: scratch dattn, dresid, out_WoT_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void block_bwd_composed_f32_out_dO(
     const float *__restrict__ x,
@@ -12538,6 +12594,12 @@ __global__ void block_bwd_composed_f32_out_dO(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t dresid_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t dresid_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t dresid_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t dresid_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t dresid_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t dresid_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -12587,54 +12649,54 @@ __global__ void block_bwd_composed_f32_out_dO(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -12687,9 +12749,8 @@ __global__ void block_bwd_composed_f32_out_dO(
     }
 }
 
-/* out.dO.edge: from the DNF
- * stage out: out_proj_bwd tiled
- * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+/* out.dO.edge: scratch dattn, dresid, out_WoT
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_bwd_composed_f32_out_dO_edge(
     const float *__restrict__ x,
@@ -12778,18 +12839,18 @@ __global__ void block_bwd_composed_f32_out_dO_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dattn_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         float yw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
         }
-        dattn[c + dh*(i + n*(b*heads + h))] = yw;
+        dattn[dattn_row + c] = yw;
     }
 }
 
-/* out.dWo.pack_dY: from the DNF
- * stage out: out_proj_bwd tiled
- * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+/* out.dWo.pack_dY: scratch out_dY_panel, dresid
+ * for m_tile (parallel) / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f32_out_dWo_pack_dY(
     const float *__restrict__ x,
@@ -12878,16 +12939,17 @@ __global__ void block_bwd_composed_f32_out_dWo_pack_dY(
     const int64_t m_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t out_dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
+            const int64_t dresid_row = dm*(b*n + i) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
+                out_dY_panel[out_dY_panel_row + lane] = dresid[dresid_row + lane];
             }
         }
     }
 }
 
-/* out.dWo: from the DNF
- * stage out: out_proj_bwd tiled
- * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+/* out.dWo: writes dWo; reads attn; scratch out_dY_panel
+ * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_out_dWo(
     const float *__restrict__ x,
@@ -13127,9 +13189,8 @@ __global__ void block_bwd_composed_f32_out_dWo(
     }
 }
 
-/* out.dWo.edge: from the DNF
- * stage out: out_proj_bwd tiled
- * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+/* out.dWo.edge: writes dWo; reads attn; scratch dresid
+ * for h, c (parallel) / m / b / i (simd)
  */
 __global__ void block_bwd_composed_f32_out_dWo_edge(
     const float *__restrict__ x,
@@ -13230,9 +13291,8 @@ __global__ void block_bwd_composed_f32_out_dWo_edge(
     }
 }
 
-/* attn.delta: from the DNF
- * stage attn: attention_bwd dnf
- * delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+/* attn.delta: reads attn; scratch attn_delta, dattn
+ * for b, h, i (parallel) / c (simd)
  */
 __global__ void block_bwd_composed_f32_attn_delta(
     const float *__restrict__ x,
@@ -13321,25 +13381,17 @@ __global__ void block_bwd_composed_f32_attn_delta(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dattn_row = dh*(i + n*(b*heads + h));
+    const int64_t attn_row = dh*(i + n*(b*heads + h));
     float rowdot = 0.0f;
     for (int64_t c = 0; c < dh; ++c) {
-        rowdot += dattn[c + dh*(i + n*(b*heads + h))] * attn[c + dh*(i + n*(b*heads + h))];
+        rowdot += dattn[dattn_row + c] * attn[attn_row + c];
     }
     attn_delta[i + n*(b*heads + h)] = rowdot;
 }
 
-/* attn.dQ: from the DNF
- * stage attn: attention_bwd dnf
- * dQ[b, h, i, c] = sum[j2 < n](
- *                      scale
- *                      * exp(
- *                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
- *                          - (<b h i> psi lse)
- *                      )
- *                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
- *                      - (<b h i> psi delta))
- *                      * (<b h j2 c> psi K)
- *                  )
+/* attn.dQ: reads Q, K, V, lse; scratch dQ, dattn, attn_delta
+ * for b, h, i (parallel) / c (simd), j / c (simd)
  */
 __global__ void block_bwd_composed_f32_attn_dQ(
     const float *__restrict__ x,
@@ -13432,13 +13484,14 @@ __global__ void block_bwd_composed_f32_attn_dQ(
         dQ[c + dh*(i + n*(b*heads + h))] = 0.0f;
     }
     for (int64_t j = 0; j < n; ++j) {
+        const int64_t V_row = dh*(j + n*(b*heads + h));
         float qk = 0.0f;
         for (int64_t c = 0; c < dh; ++c) {
             qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
         }
         float dov = 0.0f;
         for (int64_t c = 0; c < dh; ++c) {
-            dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
+            dov += dattn[c + dh*(i + n*(b*heads + h))] * V[V_row + c];
         }
         const float t = scale * expf(scale * qk - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
         for (int64_t c = 0; c < dh; ++c) {
@@ -13447,18 +13500,8 @@ __global__ void block_bwd_composed_f32_attn_dQ(
     }
 }
 
-/* attn.dK: from the DNF
- * stage attn: attention_bwd dnf
- * dK[b, h, j, c] = sum[i2 < n](
- *                      scale
- *                      * exp(
- *                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
- *                          - (<b h i2> psi lse)
- *                      )
- *                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
- *                      - (<b h i2> psi delta))
- *                      * (<b h i2 c> psi Q)
- *                  )
+/* attn.dK: reads Q, K, V, lse; scratch dK, dattn, attn_delta
+ * for b, h, j (parallel) / c (simd), i / c (simd)
  */
 __global__ void block_bwd_composed_f32_attn_dK(
     const float *__restrict__ x,
@@ -13551,13 +13594,14 @@ __global__ void block_bwd_composed_f32_attn_dK(
         dK[c + dh*(j + n*(b*heads + h))] = 0.0f;
     }
     for (int64_t i = 0; i < n; ++i) {
+        const int64_t dattn_row = dh*(i + n*(b*heads + h));
         float qk = 0.0f;
         for (int64_t c = 0; c < dh; ++c) {
             qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
         }
         float dov = 0.0f;
         for (int64_t c = 0; c < dh; ++c) {
-            dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
+            dov += dattn[dattn_row + c] * V[c + dh*(j + n*(b*heads + h))];
         }
         const float t2 = scale * expf(scale * qk - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
         for (int64_t c = 0; c < dh; ++c) {
@@ -13566,15 +13610,8 @@ __global__ void block_bwd_composed_f32_attn_dK(
     }
 }
 
-/* attn.dV: from the DNF
- * stage attn: attention_bwd dnf
- * dV[b, h, j, c] = sum[i3 < n](
- *                      exp(
- *                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
- *                          - (<b h i3> psi lse)
- *                      )
- *                      * (<b h i3 c> psi dO)
- *                  )
+/* attn.dV: reads Q, K, lse; scratch dV, dattn
+ * for b, h, j (parallel) / c (simd), i / c (simd)
  */
 __global__ void block_bwd_composed_f32_attn_dV(
     const float *__restrict__ x,
@@ -13667,20 +13704,21 @@ __global__ void block_bwd_composed_f32_attn_dV(
         dV[c + dh*(j + n*(b*heads + h))] = 0.0f;
     }
     for (int64_t i = 0; i < n; ++i) {
+        const int64_t Q_row = dh*(i + n*(b*heads + h));
+        const int64_t dattn_row = dh*(i + n*(b*heads + h));
         float qk = 0.0f;
         for (int64_t c = 0; c < dh; ++c) {
-            qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+            qk += Q[Q_row + c] * K[c + dh*(j + n*(b*heads + h))];
         }
         const float t3 = expf(scale * qk - lse[i + n*(b*heads + h)]);
         for (int64_t c = 0; c < dh; ++c) {
-            dV[c + dh*(j + n*(b*heads + h))] += t3 * dattn[c + dh*(i + n*(b*heads + h))];
+            dV[c + dh*(j + n*(b*heads + h))] += t3 * dattn[dattn_row + c];
         }
     }
 }
 
-/* norm1_apply.z: from the DNF
- * stage norm1_apply: rmsnorm_apply dnf
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* norm1_apply.z: reads norm1, x, inv_rms1; scratch xn1
+ * for b, i (parallel) / c (simd)
  */
 __global__ void block_bwd_composed_f32_norm1_apply_z(
     const float *__restrict__ x,
@@ -13773,9 +13811,8 @@ __global__ void block_bwd_composed_f32_norm1_apply_z(
     }
 }
 
-/* qkv.WqT: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * WqT[h, c, m] = (<m h c> psi Wq)
+/* qkv.WqT: reads Wq; scratch qkv_WqT
+ * for h (parallel) / c / m (simd)
  */
 __global__ void block_bwd_composed_f32_qkv_WqT(
     const float *__restrict__ x,
@@ -13869,9 +13906,8 @@ __global__ void block_bwd_composed_f32_qkv_WqT(
     }
 }
 
-/* qkv.WkT: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * WkT[h, c, m] = (<m h c> psi Wk)
+/* qkv.WkT: reads Wk; scratch qkv_WkT
+ * for h (parallel) / c / m (simd)
  */
 __global__ void block_bwd_composed_f32_qkv_WkT(
     const float *__restrict__ x,
@@ -13965,9 +14001,8 @@ __global__ void block_bwd_composed_f32_qkv_WkT(
     }
 }
 
-/* qkv.WvT: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * WvT[h, c, m] = (<m h c> psi Wv)
+/* qkv.WvT: reads Wv; scratch qkv_WvT
+ * for h (parallel) / c / m (simd)
  */
 __global__ void block_bwd_composed_f32_qkv_WvT(
     const float *__restrict__ x,
@@ -14061,11 +14096,8 @@ __global__ void block_bwd_composed_f32_qkv_WvT(
     }
 }
 
-/* qkv.dX.pack_WqT: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* qkv.dX.pack_WqT: scratch qkv_WqT_panel, qkv_WqT
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void block_bwd_composed_f32_qkv_dX_pack_WqT(
     const float *__restrict__ x,
@@ -14154,18 +14186,17 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WqT(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t qkv_WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t qkv_WqT_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WqT[dm*(c + dh*h) + lane + 8*m_tile];
+                qkv_WqT_panel[qkv_WqT_panel_row + lane] = qkv_WqT[qkv_WqT_row + lane];
             }
         }
     }
 }
 
-/* qkv.dX.pack_WkT: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* qkv.dX.pack_WkT: scratch qkv_WkT_panel, qkv_WkT
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void block_bwd_composed_f32_qkv_dX_pack_WkT(
     const float *__restrict__ x,
@@ -14254,18 +14285,17 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WkT(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t qkv_WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t qkv_WkT_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WkT[dm*(c + dh*h) + lane + 8*m_tile];
+                qkv_WkT_panel[qkv_WkT_panel_row + lane] = qkv_WkT[qkv_WkT_row + lane];
             }
         }
     }
 }
 
-/* qkv.dX.pack_WvT: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* qkv.dX.pack_WvT: scratch qkv_WvT_panel, qkv_WvT
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void block_bwd_composed_f32_qkv_dX_pack_WvT(
     const float *__restrict__ x,
@@ -14354,18 +14384,17 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WvT(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t qkv_WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t qkv_WvT_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WvT[dm*(c + dh*h) + lane + 8*m_tile];
+                qkv_WvT_panel[qkv_WvT_panel_row + lane] = qkv_WvT[qkv_WvT_row + lane];
             }
         }
     }
 }
 
-/* qkv.dX: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* qkv.dX: scratch dxn1, dQ, qkv_WqT_panel, dK, qkv_WkT_panel, dV, qkv_WvT_panel
+ * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
  */
 __global__ void block_bwd_composed_f32_qkv_dX(
     const float *__restrict__ x,
@@ -14503,55 +14532,73 @@ __global__ void block_bwd_composed_f32_qkv_dX(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
+            const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+            const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+            const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_0_0 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_0_1 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_0_2 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_0_3 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_0_4 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_0_5 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_0_6 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_0_7 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_1_0 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_1_1 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_1_2 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_1_3 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_1_4 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_1_5 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_1_6 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_1_7 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_2_0 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_2_1 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_2_2 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_2_3 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_2_4 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_2_5 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_2_6 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_2_7 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_3_0 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_3_1 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_3_2 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_3_3 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_3_4 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_3_5 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_3_6 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_3_7 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_4_0 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_4_1 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_4_2 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_4_3 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_4_4 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_4_5 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_4_6 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_4_7 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_5_0 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_5_1 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_5_2 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_5_3 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_5_4 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_5_5 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_5_6 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_5_7 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
         dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -14605,11 +14652,8 @@ __global__ void block_bwd_composed_f32_qkv_dX(
     }
 }
 
-/* qkv.dX.edge: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* qkv.dX.edge: scratch dxn1, dQ, qkv_WqT, dK, qkv_WkT, dV, qkv_WvT
+ * for b, i (parallel) / m / h / c (simd)
  */
 __global__ void block_bwd_composed_f32_qkv_dX_edge(
     const float *__restrict__ x,
@@ -14700,9 +14744,12 @@ __global__ void block_bwd_composed_f32_qkv_dX_edge(
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
         float heads_sum = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
+            const int64_t dQ_row = dh*(i + n*(b*heads + h));
+            const int64_t dK_row = dh*(i + n*(b*heads + h));
+            const int64_t dV_row = dh*(i + n*(b*heads + h));
             float gw = 0.0f;
             for (int64_t c = 0; c < dh; ++c) {
-                gw += dQ[c + dh*(i + n*(b*heads + h))] * qkv_WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * qkv_WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * qkv_WvT[dm*(c + dh*h) + m];
+                gw += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
             }
             heads_sum += gw;
         }
@@ -14710,9 +14757,8 @@ __global__ void block_bwd_composed_f32_qkv_dX_edge(
     }
 }
 
-/* qkv.dWq.pack_dQ: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+/* qkv.dWq.pack_dQ: scratch qkv_dQ_panel, dQ
+ * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f32_qkv_dWq_pack_dQ(
     const float *__restrict__ x,
@@ -14802,17 +14848,18 @@ __global__ void block_bwd_composed_f32_qkv_dWq_pack_dQ(
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t qkv_dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    qkv_dQ_panel[qkv_dQ_panel_row + lane] = dQ[dQ_row + lane];
                 }
             }
         }
     }
 }
 
-/* qkv.dWq: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+/* qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
+ * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_qkv_dWq(
     const float *__restrict__ x,
@@ -15052,9 +15099,8 @@ __global__ void block_bwd_composed_f32_qkv_dWq(
     }
 }
 
-/* qkv.dWq.edge: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+/* qkv.dWq.edge: writes dWq; scratch xn1, dQ
+ * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_composed_f32_qkv_dWq_edge(
     const float *__restrict__ x,
@@ -15155,9 +15201,8 @@ __global__ void block_bwd_composed_f32_qkv_dWq_edge(
     }
 }
 
-/* qkv.dWk.pack_dK: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+/* qkv.dWk.pack_dK: scratch qkv_dK_panel, dK
+ * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f32_qkv_dWk_pack_dK(
     const float *__restrict__ x,
@@ -15247,17 +15292,18 @@ __global__ void block_bwd_composed_f32_qkv_dWk_pack_dK(
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t qkv_dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    qkv_dK_panel[qkv_dK_panel_row + lane] = dK[dK_row + lane];
                 }
             }
         }
     }
 }
 
-/* qkv.dWk: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+/* qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
+ * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_qkv_dWk(
     const float *__restrict__ x,
@@ -15497,9 +15543,8 @@ __global__ void block_bwd_composed_f32_qkv_dWk(
     }
 }
 
-/* qkv.dWk.edge: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+/* qkv.dWk.edge: writes dWk; scratch xn1, dK
+ * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_composed_f32_qkv_dWk_edge(
     const float *__restrict__ x,
@@ -15600,9 +15645,8 @@ __global__ void block_bwd_composed_f32_qkv_dWk_edge(
     }
 }
 
-/* qkv.dWv.pack_dV: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+/* qkv.dWv.pack_dV: scratch qkv_dV_panel, dV
+ * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void block_bwd_composed_f32_qkv_dWv_pack_dV(
     const float *__restrict__ x,
@@ -15692,17 +15736,18 @@ __global__ void block_bwd_composed_f32_qkv_dWv_pack_dV(
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t qkv_dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    qkv_dV_panel[qkv_dV_panel_row + lane] = dV[dV_row + lane];
                 }
             }
         }
     }
 }
 
-/* qkv.dWv: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+/* qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
+ * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void block_bwd_composed_f32_qkv_dWv(
     const float *__restrict__ x,
@@ -15942,9 +15987,8 @@ __global__ void block_bwd_composed_f32_qkv_dWv(
     }
 }
 
-/* qkv.dWv.edge: from the DNF
- * stage qkv: qkv_proj_bwd tiled
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+/* qkv.dWv.edge: writes dWv; scratch xn1, dV
+ * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void block_bwd_composed_f32_qkv_dWv_edge(
     const float *__restrict__ x,
@@ -16045,20 +16089,8 @@ __global__ void block_bwd_composed_f32_qkv_dWv_edge(
     }
 }
 
-/* norm1.dweight.partial: from the DNF
- * stage norm1: rmsnorm_bwd dnf
- * dx[b, i, c] = (<b i> psi inv_rms)
- *               * ((<b i c> psi dz) * (<c> psi weight)
- *               - (<b i c> psi x) * (<b i> psi inv_rms)
- *               * sum[c2 < d](
- *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
- *               )
- *               / d)
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm, dxn1
+ * for i_part (parallel) / c (simd), b / i / c (simd)
  */
 __global__ void block_bwd_composed_f32_norm1_dweight_partial(
     const float *__restrict__ x,
@@ -16164,13 +16196,8 @@ __global__ void block_bwd_composed_f32_norm1_dweight_partial(
     }
 }
 
-/* norm1.dweight: from the DNF
- * stage norm1: rmsnorm_bwd dnf
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* norm1.dweight: writes dnorm1; scratch norm1_dweight_part
+ * for c / i_part (simd)
  */
 __global__ void block_bwd_composed_f32_norm1_dweight(
     const float *__restrict__ x,
@@ -16265,9 +16292,8 @@ __global__ void block_bwd_composed_f32_norm1_dweight(
     }
 }
 
-/* add1.y: from the DNF
- * stage add1: residual_add dnf
- * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+/* add1.y: writes dx; scratch dresid, dx_norm
+ * for b, i (parallel) / m (simd)
  */
 __global__ void block_bwd_composed_f32_add1_y(
     const float *__restrict__ x,
@@ -16444,436 +16470,435 @@ extern "C" int block_bwd_composed_f32(
     float scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f32_norm2_apply_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         block_bwd_composed_f32_mlp_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_bwd_composed_f32_mlp_dH_pack_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         block_bwd_composed_f32_mlp_dH<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f32_mlp_dH_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_bwd_composed_f32_mlp_V_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         block_bwd_composed_f32_mlp_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f32_mlp_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f32_mlp_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         block_bwd_composed_f32_mlp_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f32_mlp_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         block_bwd_composed_f32_mlp_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f32_mlp_dX_pack_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f32_mlp_dX_pack_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         block_bwd_composed_f32_mlp_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f32_mlp_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*dm;
+        const int64_t count = batch*dm, threads = 128;
         block_bwd_composed_f32_mlp_XT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_bwd_composed_f32_mlp_dWg_pack_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_bwd_composed_f32_mlp_dWg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         block_bwd_composed_f32_mlp_dWg_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_bwd_composed_f32_mlp_dWu_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_bwd_composed_f32_mlp_dWu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         block_bwd_composed_f32_mlp_dWu_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*dff;
+        const int64_t count = batch*dff, threads = 128;
         block_bwd_composed_f32_mlp_HT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f32_mlp_dWd_pack_dF<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f32_mlp_dWd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         block_bwd_composed_f32_mlp_dWd_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 16;
+        const int64_t count = 16, threads = 128;
         block_bwd_composed_f32_norm2_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 1;
+        const int64_t count = 1, threads = 128;
         block_bwd_composed_f32_norm2_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f32_add2_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f32_out_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f32_out_dO_pack_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         block_bwd_composed_f32_out_dO<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_bwd_composed_f32_out_dO_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f32_out_dWo_pack_dY<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dm) / 8);
+        const int64_t count = heads*((dm) / 8), threads = 128;
         block_bwd_composed_f32_out_dWo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dh*heads;
+        const int64_t count = dh*heads, threads = 128;
         block_bwd_composed_f32_out_dWo_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_bwd_composed_f32_attn_delta<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_bwd_composed_f32_attn_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_bwd_composed_f32_attn_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_bwd_composed_f32_attn_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f32_norm1_apply_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f32_qkv_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f32_qkv_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f32_qkv_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f32_qkv_dX_pack_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f32_qkv_dX_pack_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_bwd_composed_f32_qkv_dX_pack_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dm) / 8);
+        const int64_t count = batch*((dm) / 8), threads = 128;
         block_bwd_composed_f32_qkv_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f32_qkv_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f32_qkv_dWq_pack_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dh) / 8);
+        const int64_t count = heads*((dh) / 8), threads = 128;
         block_bwd_composed_f32_qkv_dWq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm*heads;
+        const int64_t count = dm*heads, threads = 128;
         block_bwd_composed_f32_qkv_dWq_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f32_qkv_dWk_pack_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dh) / 8);
+        const int64_t count = heads*((dh) / 8), threads = 128;
         block_bwd_composed_f32_qkv_dWk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm*heads;
+        const int64_t count = dm*heads, threads = 128;
         block_bwd_composed_f32_qkv_dWk_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_bwd_composed_f32_qkv_dWv_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dh) / 8);
+        const int64_t count = heads*((dh) / 8), threads = 128;
         block_bwd_composed_f32_qkv_dWv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm*heads;
+        const int64_t count = dm*heads, threads = 128;
         block_bwd_composed_f32_qkv_dWv_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 16;
+        const int64_t count = 16, threads = 128;
         block_bwd_composed_f32_norm1_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 1;
+        const int64_t count = 1, threads = 128;
         block_bwd_composed_f32_norm1_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_bwd_composed_f32_add1_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();

@@ -2,6 +2,86 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: norm2_apply = rmsnorm_apply dnf; mlp = mlp_bwd tiled; norm2 = rmsnorm_bwd dnf; add2 = residual_add dnf; out = out_proj_bwd tiled; attn = attention_bwd dnf; norm1_apply = rmsnorm_apply dnf; qkv = qkv_proj_bwd tiled; norm1 = rmsnorm_bwd dnf; add1 = residual_add dnf.
 ! Do not edit; regenerate with: moagen emit --lang fortran block_bwd --variant composed
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! stage norm2_apply: rmsnorm_apply dnf
+! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+! stage mlp: mlp_bwd tiled
+! WdT[c, e] = (<e c> psi Wd)
+! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+! dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+! WgT[e, c] = (<c e> psi Wg)
+! dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+! WuT[e, c] = (<c e> psi Wu)
+! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+!               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+! XT[b, c, i] = (<b i c> psi X)
+! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+! stage norm2: rmsnorm_bwd dnf
+! dx[b, i, c] = (<b i> psi inv_rms)
+!               * ((<b i c> psi dz) * (<c> psi weight)
+!               - (<b i c> psi x) * (<b i> psi inv_rms)
+!               * sum[c2 < d](
+!                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
+!               )
+!               / d)
+! dweight[c] = sum[b2 < batch](
+!                  sum[i2 < n](
+!                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+!                  )
+!              )
+! stage add2: residual_add dnf
+! y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+! stage out: out_proj_bwd tiled
+! WoT[h, m, c] = (<h c m> psi Wo)
+! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+! stage attn: attention_bwd dnf
+! delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
+! dQ[b, h, i, c] = sum[j2 < n](
+!                      scale
+!                      * exp(
+!                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
+!                          - (<b h i> psi lse)
+!                      )
+!                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
+!                      - (<b h i> psi delta))
+!                      * (<b h j2 c> psi K)
+!                  )
+! dK[b, h, j, c] = sum[i2 < n](
+!                      scale
+!                      * exp(
+!                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
+!                          - (<b h i2> psi lse)
+!                      )
+!                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
+!                      - (<b h i2> psi delta))
+!                      * (<b h i2 c> psi Q)
+!                  )
+! dV[b, h, j, c] = sum[i3 < n](
+!                      exp(
+!                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
+!                          - (<b h i3> psi lse)
+!                      )
+!                      * (<b h i3 c> psi dO)
+!                  )
+! stage norm1_apply: rmsnorm_apply dnf
+! stage qkv: qkv_proj_bwd tiled
+! WqT[h, c, m] = (<m h c> psi Wq)
+! WkT[h, c, m] = (<m h c> psi Wk)
+! WvT[h, c, m] = (<m h c> psi Wv)
+! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+!               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+!               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+! stage norm1: rmsnorm_bwd dnf
+! stage add1: residual_add dnf
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -92,7 +172,21 @@ contains
     real(c_double), intent(out) :: qkv_dK_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_double), intent(out) :: qkv_dV_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_double), intent(out) :: norm1_dweight_part(0:16 * dm - 1)
-    integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_tile, c_tile, i_part, m, h, m_tile, j
+    integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_tile, c_tile, i_part, m, h, m_tile, j, &
+        & mlp_WdT_panel_row, dy_row0, dy_row1, dy_row2, dy_row3, dy_row4, dy_row5, &
+        & mlp_Wu_panel_row, xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, U_row, &
+        & mlp_WgT_panel_row, mlp_WuT_panel_row, mlp_dU_row0, mlp_dU_row1, mlp_dU_row2, &
+        & mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, mlp_dV_row1, mlp_dV_row2, &
+        & mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, mlp_dU_panel_row, mlp_dU_row, mlp_XT_row0, &
+        & mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, mlp_XT_row5, mlp_dV_panel_row, &
+        & mlp_dV_row, mlp_dF_panel_row, dy_row, mlp_HT_row0, mlp_HT_row1, mlp_HT_row2, &
+        & mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, out_WoT_panel_row, out_WoT_row, dresid_row0, &
+        & dresid_row1, dresid_row2, dresid_row3, dresid_row4, dresid_row5, dattn_row, &
+        & out_dY_panel_row, dresid_row, attn_row, V_row, Q_row, qkv_WqT_panel_row, qkv_WqT_row, &
+        & qkv_WkT_panel_row, qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, &
+        & dQ_row2, dQ_row3, dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, &
+        & dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dQ_row, dK_row, dV_row, &
+        & qkv_dQ_panel_row, qkv_dK_panel_row, qkv_dV_panel_row
     real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -102,9 +196,8 @@ contains
         & batch_d, hdf, dot, t2, dweight_sum, yw, batches, oy, rowdot, qk, dov, t3, heads_sum, &
         & gw, xg
 
-    ! norm2_apply.z: from the DNF
-    ! stage norm2_apply: rmsnorm_apply dnf
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! norm2_apply.z: reads norm2, resid, inv_rms2; scratch xn2
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -115,9 +208,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.WdT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! WdT[c, e] = (<e c> psi Wd)
+    ! mlp.WdT: reads Wd; scratch mlp_WdT
+    ! for c (parallel) / e (simd)
     !$omp parallel do collapse(1) schedule(static) private(e)
     do c = 0, dm - 1
       !$omp simd
@@ -126,31 +218,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dH.pack_WdT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! mlp.dH.pack_WdT: scratch mlp_WdT_panel, mlp_WdT
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_WdT_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        mlp_WdT_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          mlp_WdT_panel(8*c + 8*dm*e_tile + lane) = mlp_WdT(c*dff + 8*e_tile + lane)
+          mlp_WdT_panel(mlp_WdT_panel_row + lane) = mlp_WdT(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.dH: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, dy_row0, dy_row1, dy_row2, &
+    !$omp& dy_row3, dy_row4, dy_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
+    !$omp& acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+    !$omp& acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
+    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
+    !$omp& acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          dy_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          dy_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          dy_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          dy_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          dy_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          dy_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -201,102 +299,54 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
           end do
           mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -350,9 +400,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dH.edge: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    ! mlp.dH.edge: reads dy; scratch mlp_dH, mlp_WdT
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, dfw)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -367,31 +416,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.V.pack_Wu: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_Wu_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        mlp_Wu_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          mlp_Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
+          mlp_Wu_panel(mlp_Wu_panel_row + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.V: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, xn2_row0, xn2_row1, &
+    !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          xn2_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          xn2_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          xn2_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          xn2_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -442,102 +497,54 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
           end do
           mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -591,9 +598,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.V.edge: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    ! mlp.V.edge: reads Wu; scratch mlp_V, xn2
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -608,24 +614,23 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dU: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
-    !$omp parallel do collapse(2) schedule(static) private(e, t)
+    ! mlp.dU: reads U; scratch mlp_dU, mlp_dH, mlp_V
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, U_row, t)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, dff - 1
-          t = 1.0_c_double / (1.0_c_double + exp(-U(dff*(b*n + i) + e)))
+          t = 1.0_c_double / (1.0_c_double + exp(-U(U_row + e)))
           mlp_dU(dff*(b*n + i) + e) = mlp_dH(dff*(b*n + i) + e) * mlp_V(dff*(b*n + i) + e) * t * &
-              & (1.0_c_double + U(dff*(b*n + i) + e) * (1.0_c_double - t))
+              & (1.0_c_double + U(U_row + e) * (1.0_c_double - t))
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.WgT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! WgT[e, c] = (<c e> psi Wg)
+    ! mlp.WgT: reads Wg; scratch mlp_WgT
+    ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
       !$omp simd
@@ -634,9 +639,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dV: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+    ! mlp.dV: reads U; scratch mlp_dV, mlp_dH
+    ! for b, i (parallel) / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -648,9 +652,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.WuT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! WuT[e, c] = (<c e> psi Wu)
+    ! mlp.WuT: reads Wu; scratch mlp_WuT
+    ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
       !$omp simd
@@ -659,39 +662,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dX.pack_WgT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    ! mlp.dX.pack_WgT: scratch mlp_WgT_panel, mlp_WgT
+    ! for c_tile (parallel) / e / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(e, lane, mlp_WgT_panel_row)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        mlp_WgT_panel_row = 8*c_tile*dff + 8*e
         !$omp simd
         do lane = 0, 7
-          mlp_WgT_panel(8*c_tile*dff + 8*e + lane) = mlp_WgT(8*c_tile + dm*e + lane)
+          mlp_WgT_panel(mlp_WgT_panel_row + lane) = mlp_WgT(8*c_tile + dm*e + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.dX.pack_WuT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    ! mlp.dX.pack_WuT: scratch mlp_WuT_panel, mlp_WuT
+    ! for c_tile (parallel) / e / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(e, lane, mlp_WuT_panel_row)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        mlp_WuT_panel_row = 8*c_tile*dff + 8*e
         !$omp simd
         do lane = 0, 7
-          mlp_WuT_panel(8*c_tile*dff + 8*e + lane) = mlp_WuT(8*c_tile + dm*e + lane)
+          mlp_WuT_panel(mlp_WuT_panel_row + lane) = mlp_WuT(8*c_tile + dm*e + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.dX: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, acc_0_0, acc_0_1, acc_0_2, &
+    ! mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
+    ! for b, c_tile (parallel) / i_tile / e (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, mlp_dU_row0, mlp_dU_row1, &
+    !$omp& mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, mlp_dV_row1, &
+    !$omp& mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, acc_0_0, acc_0_1, acc_0_2, &
     !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
     !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
@@ -700,6 +701,18 @@ contains
     do b = 0, batch - 1
       do c_tile = 0, ((dm) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          mlp_dU_row0 = dff*(b*n + min(6*i_tile, n - 1))
+          mlp_dU_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+          mlp_dU_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+          mlp_dU_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+          mlp_dU_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+          mlp_dU_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
+          mlp_dV_row0 = dff*(b*n + min(6*i_tile, n - 1))
+          mlp_dV_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+          mlp_dV_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+          mlp_dV_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+          mlp_dV_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+          mlp_dV_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -750,150 +763,102 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) + &
-                & e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_0_1 = acc_0_1 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_0_2 = acc_0_2 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_0_3 = acc_0_3 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_0_4 = acc_0_4 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_0_5 = acc_0_5 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_0_6 = acc_0_6 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_0_7 = acc_0_7 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_1_0 = acc_1_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_1_1 = acc_1_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_1_2 = acc_1_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_1_3 = acc_1_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_1_4 = acc_1_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_1_5 = acc_1_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_1_6 = acc_1_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_1_7 = acc_1_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_2_0 = acc_2_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_2_1 = acc_2_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_2_2 = acc_2_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_2_3 = acc_2_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_2_4 = acc_2_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_2_5 = acc_2_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_2_6 = acc_2_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_2_7 = acc_2_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_3_0 = acc_3_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_3_1 = acc_3_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_3_2 = acc_3_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_3_3 = acc_3_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_3_4 = acc_3_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_3_5 = acc_3_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_3_6 = acc_3_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_3_7 = acc_3_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_4_0 = acc_4_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_4_1 = acc_4_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_4_2 = acc_4_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_4_3 = acc_4_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_4_4 = acc_4_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_4_5 = acc_4_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_4_6 = acc_4_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_4_7 = acc_4_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_5_0 = acc_5_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_5_1 = acc_5_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_5_2 = acc_5_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_5_3 = acc_5_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_5_4 = acc_5_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_5_5 = acc_5_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_5_6 = acc_5_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_5_7 = acc_5_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_0_0 = acc_0_0 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+            acc_0_1 = acc_0_1 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_0_2 = acc_0_2 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_0_3 = acc_0_3 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_0_4 = acc_0_4 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_0_5 = acc_0_5 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_0_6 = acc_0_6 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_0_7 = acc_0_7 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_1_0 = acc_1_0 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+            acc_1_1 = acc_1_1 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_1_2 = acc_1_2 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_1_3 = acc_1_3 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_1_4 = acc_1_4 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_1_5 = acc_1_5 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_1_6 = acc_1_6 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_1_7 = acc_1_7 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_2_0 = acc_2_0 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+            acc_2_1 = acc_2_1 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_2_2 = acc_2_2 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_2_3 = acc_2_3 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_2_4 = acc_2_4 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_2_5 = acc_2_5 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_2_6 = acc_2_6 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_2_7 = acc_2_7 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_3_0 = acc_3_0 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+            acc_3_1 = acc_3_1 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_3_2 = acc_3_2 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_3_3 = acc_3_3 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_3_4 = acc_3_4 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_3_5 = acc_3_5 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_3_6 = acc_3_6 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_3_7 = acc_3_7 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_4_0 = acc_4_0 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+            acc_4_1 = acc_4_1 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_4_2 = acc_4_2 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_4_3 = acc_4_3 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_4_4 = acc_4_4 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_4_5 = acc_4_5 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_4_6 = acc_4_6 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_4_7 = acc_4_7 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_5_0 = acc_5_0 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+            acc_5_1 = acc_5_1 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_5_2 = acc_5_2 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_5_3 = acc_5_3 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_5_4 = acc_5_4 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_5_5 = acc_5_5 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_5_6 = acc_5_6 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_5_7 = acc_5_7 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
           end do
           dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
           dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -947,10 +912,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dX.edge: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    ! mlp.dX.edge: scratch dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT
+    ! for b, i (parallel) / c / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, e, dug)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -966,9 +929,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.XT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! XT[b, c, i] = (<b i c> psi X)
+    ! mlp.XT: scratch mlp_XT, xn2
+    ! for b, c (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do c = 0, dm - 1
@@ -979,26 +941,26 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWg.pack_dU: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! mlp.dWg.pack_dU: scratch mlp_dU_panel, mlp_dU
+    ! for e_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, mlp_dU_panel_row, mlp_dU_row)
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          mlp_dU_panel_row = 8*i + 8*n*(b + batch*e_tile)
+          mlp_dU_row = dff*(b*n + i) + 8*e_tile
           !$omp simd
           do lane = 0, 7
-            mlp_dU_panel(8*i + lane + 8*n*(b + batch*e_tile)) = mlp_dU(dff*(b*n + i) + 8*e_tile + &
-                & lane)
+            mlp_dU_panel(mlp_dU_panel_row + lane) = mlp_dU(mlp_dU_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWg: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
+    ! mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
+    ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, mlp_XT_row0, &
+    !$omp& mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, mlp_XT_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
@@ -1056,104 +1018,104 @@ contains
         acc_5_7 = 0.0_c_double
         !GCC$ novector
         do b = 0, batch - 1
+          mlp_XT_row0 = n*(b*dm + min(6*c_tile, dm - 1))
+          mlp_XT_row1 = n*(b*dm + min(dm - 1, 6*c_tile + 1))
+          mlp_XT_row2 = n*(b*dm + min(dm - 1, 6*c_tile + 2))
+          mlp_XT_row3 = n*(b*dm + min(dm - 1, 6*c_tile + 3))
+          mlp_XT_row4 = n*(b*dm + min(dm - 1, 6*c_tile + 4))
+          mlp_XT_row5 = n*(b*dm + min(dm - 1, 6*c_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_0_1 = acc_0_1 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_0_0 = acc_0_0 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_0_1 = acc_0_1 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_0_2 = acc_0_2 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_0_3 = acc_0_3 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_0_4 = acc_0_4 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_0_5 = acc_0_5 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_0_6 = acc_0_6 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_0_7 = acc_0_7 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
           end do
         end do
         dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
@@ -1207,9 +1169,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWg.edge: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    ! mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
+    ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
@@ -1226,26 +1187,26 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWu.pack_dV: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! mlp.dWu.pack_dV: scratch mlp_dV_panel, mlp_dV
+    ! for e_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, mlp_dV_panel_row, mlp_dV_row)
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          mlp_dV_panel_row = 8*i + 8*n*(b + batch*e_tile)
+          mlp_dV_row = dff*(b*n + i) + 8*e_tile
           !$omp simd
           do lane = 0, 7
-            mlp_dV_panel(8*i + lane + 8*n*(b + batch*e_tile)) = mlp_dV(dff*(b*n + i) + 8*e_tile + &
-                & lane)
+            mlp_dV_panel(mlp_dV_panel_row + lane) = mlp_dV(mlp_dV_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWu: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
+    ! mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
+    ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, mlp_XT_row0, &
+    !$omp& mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, mlp_XT_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
@@ -1303,104 +1264,104 @@ contains
         acc_5_7 = 0.0_c_double
         !GCC$ novector
         do b = 0, batch - 1
+          mlp_XT_row0 = n*(b*dm + min(6*c_tile, dm - 1))
+          mlp_XT_row1 = n*(b*dm + min(dm - 1, 6*c_tile + 1))
+          mlp_XT_row2 = n*(b*dm + min(dm - 1, 6*c_tile + 2))
+          mlp_XT_row3 = n*(b*dm + min(dm - 1, 6*c_tile + 3))
+          mlp_XT_row4 = n*(b*dm + min(dm - 1, 6*c_tile + 4))
+          mlp_XT_row5 = n*(b*dm + min(dm - 1, 6*c_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_0_1 = acc_0_1 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_0_0 = acc_0_0 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_0_1 = acc_0_1 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_0_2 = acc_0_2 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_0_3 = acc_0_3 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_0_4 = acc_0_4 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_0_5 = acc_0_5 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_0_6 = acc_0_6 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_0_7 = acc_0_7 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
           end do
         end do
         dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
@@ -1454,9 +1415,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWu.edge: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    ! mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
+    ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
@@ -1473,9 +1433,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.HT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    ! mlp.HT: reads U; scratch mlp_HT, mlp_V
+    ! for b, e (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do e = 0, dff - 1
@@ -1487,25 +1446,26 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWd.pack_dF: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! mlp.dWd.pack_dF: reads dy; scratch mlp_dF_panel
+    ! for c_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, mlp_dF_panel_row, dy_row)
     do c_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          mlp_dF_panel_row = 8*i + 8*n*(b + batch*c_tile)
+          dy_row = 8*c_tile + dm*(b*n + i)
           !$omp simd
           do lane = 0, 7
-            mlp_dF_panel(8*i + lane + 8*n*(b + batch*c_tile)) = dy(8*c_tile + dm*(b*n + i) + lane)
+            mlp_dF_panel(mlp_dF_panel_row + lane) = dy(dy_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWd: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
-    !$omp parallel do collapse(1) schedule(static) private(e_tile, b, i, acc_0_0, acc_0_1, &
+    ! mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
+    ! for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
+    !$omp parallel do collapse(1) schedule(static) private(e_tile, b, i, mlp_HT_row0, &
+    !$omp& mlp_HT_row1, mlp_HT_row2, mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
@@ -1563,104 +1523,104 @@ contains
         acc_5_7 = 0.0_c_double
         !GCC$ novector
         do b = 0, batch - 1
+          mlp_HT_row0 = n*(b*dff + min(6*e_tile, dff - 1))
+          mlp_HT_row1 = n*(b*dff + min(dff - 1, 6*e_tile + 1))
+          mlp_HT_row2 = n*(b*dff + min(dff - 1, 6*e_tile + 2))
+          mlp_HT_row3 = n*(b*dff + min(dff - 1, 6*e_tile + 3))
+          mlp_HT_row4 = n*(b*dff + min(dff - 1, 6*e_tile + 4))
+          mlp_HT_row5 = n*(b*dff + min(dff - 1, 6*e_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile))
-            acc_0_1 = acc_0_1 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 1)
-            acc_0_2 = acc_0_2 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 2)
-            acc_0_3 = acc_0_3 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 3)
-            acc_0_4 = acc_0_4 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 4)
-            acc_0_5 = acc_0_5 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 5)
-            acc_0_6 = acc_0_6 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 6)
-            acc_0_7 = acc_0_7 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 7)
-            acc_1_0 = acc_1_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_1_1 = acc_1_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_1_2 = acc_1_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_1_3 = acc_1_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_1_4 = acc_1_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_1_5 = acc_1_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_1_6 = acc_1_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_1_7 = acc_1_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_2_0 = acc_2_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_2_1 = acc_2_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_2_2 = acc_2_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_2_3 = acc_2_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_2_4 = acc_2_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_2_5 = acc_2_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_2_6 = acc_2_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_2_7 = acc_2_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_3_0 = acc_3_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_3_1 = acc_3_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_3_2 = acc_3_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_3_3 = acc_3_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_3_4 = acc_3_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_3_5 = acc_3_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_3_6 = acc_3_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_3_7 = acc_3_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_4_0 = acc_4_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_4_1 = acc_4_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_4_2 = acc_4_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_4_3 = acc_4_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_4_4 = acc_4_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_4_5 = acc_4_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_4_6 = acc_4_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_4_7 = acc_4_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_5_0 = acc_5_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_5_1 = acc_5_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_5_2 = acc_5_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_5_3 = acc_5_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_5_4 = acc_5_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_5_5 = acc_5_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_5_6 = acc_5_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_5_7 = acc_5_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_0_0 = acc_0_0 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_0_1 = acc_0_1 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 1)
+            acc_0_2 = acc_0_2 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 2)
+            acc_0_3 = acc_0_3 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 3)
+            acc_0_4 = acc_0_4 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 4)
+            acc_0_5 = acc_0_5 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 5)
+            acc_0_6 = acc_0_6 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 6)
+            acc_0_7 = acc_0_7 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 7)
+            acc_1_0 = acc_1_0 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_1_1 = acc_1_1 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 1)
+            acc_1_2 = acc_1_2 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 2)
+            acc_1_3 = acc_1_3 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 3)
+            acc_1_4 = acc_1_4 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 4)
+            acc_1_5 = acc_1_5 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 5)
+            acc_1_6 = acc_1_6 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 6)
+            acc_1_7 = acc_1_7 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 7)
+            acc_2_0 = acc_2_0 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_2_1 = acc_2_1 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 1)
+            acc_2_2 = acc_2_2 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 2)
+            acc_2_3 = acc_2_3 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 3)
+            acc_2_4 = acc_2_4 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 4)
+            acc_2_5 = acc_2_5 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 5)
+            acc_2_6 = acc_2_6 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 6)
+            acc_2_7 = acc_2_7 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 7)
+            acc_3_0 = acc_3_0 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_3_1 = acc_3_1 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 1)
+            acc_3_2 = acc_3_2 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 2)
+            acc_3_3 = acc_3_3 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 3)
+            acc_3_4 = acc_3_4 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 4)
+            acc_3_5 = acc_3_5 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 5)
+            acc_3_6 = acc_3_6 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 6)
+            acc_3_7 = acc_3_7 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 7)
+            acc_4_0 = acc_4_0 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_4_1 = acc_4_1 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 1)
+            acc_4_2 = acc_4_2 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 2)
+            acc_4_3 = acc_4_3 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 3)
+            acc_4_4 = acc_4_4 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 4)
+            acc_4_5 = acc_4_5 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 5)
+            acc_4_6 = acc_4_6 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 6)
+            acc_4_7 = acc_4_7 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 7)
+            acc_5_0 = acc_5_0 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_5_1 = acc_5_1 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 1)
+            acc_5_2 = acc_5_2 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 2)
+            acc_5_3 = acc_5_3 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 3)
+            acc_5_4 = acc_5_4 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 4)
+            acc_5_5 = acc_5_5 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 5)
+            acc_5_6 = acc_5_6 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 6)
+            acc_5_7 = acc_5_7 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 7)
           end do
         end do
         dWd(8*c_tile + dm*min(6*e_tile, dff - 1)) = acc_0_0
@@ -1714,9 +1674,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWd.edge: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    ! mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
+    ! for e (parallel) / c / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
     do e = 0, dff - 1
       do c = 8*((dm) / 8), dm - 1
@@ -1733,20 +1692,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm2.dweight.partial: from the DNF
-    ! stage norm2: rmsnorm_bwd dnf
-    ! dx[b, i, c] = (<b i> psi inv_rms)
-    !               * ((<b i c> psi dz) * (<c> psi weight)
-    !               - (<b i c> psi x) * (<b i> psi inv_rms)
-    !               * sum[c2 < d](
-    !                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-    !               )
-    !               / d)
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm, dxn2
+    ! for i_part (parallel) / c (simd), b / i / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
     do i_part = 0, 15
       !$omp simd
@@ -1774,13 +1721,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm2.dweight: from the DNF
-    ! stage norm2: rmsnorm_bwd dnf
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! norm2.dweight: writes dnorm2; scratch norm2_dweight_part
+    ! for c / i_part (simd)
     do c = 0, dm - 1
       dweight_sum = 0.0_c_double
       !$omp simd reduction(+:dweight_sum)
@@ -1789,9 +1731,8 @@ contains
       end do
       dnorm2(c) = dweight_sum
     end do
-    ! add2.y: from the DNF
-    ! stage add2: residual_add dnf
-    ! y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    ! add2.y: reads dy; scratch dresid, dresid_norm
+    ! for b, i (parallel) / m (simd)
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -1802,9 +1743,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! out.WoT: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! WoT[h, m, c] = (<h c m> psi Wo)
+    ! out.WoT: reads Wo; scratch out_WoT
+    ! for h (parallel) / m / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(m, c)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -1815,26 +1755,27 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! out.dO.pack_WoT: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! out.dO.pack_WoT: scratch out_WoT_panel, out_WoT
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, out_WoT_panel_row, &
+    !$omp& out_WoT_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          out_WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          out_WoT_row = 8*c_tile + dh*(dm*h + m)
           !$omp simd
           do lane = 0, 7
-            out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = out_WoT(8*c_tile + &
-                & dh*(dm*h + m) + lane)
+            out_WoT_panel(out_WoT_panel_row + lane) = out_WoT(out_WoT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! out.dO: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
+    ! out.dO: scratch dattn, dresid, out_WoT_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, dresid_row0, dresid_row1, &
+    !$omp& dresid_row2, dresid_row3, dresid_row4, dresid_row5, acc_0_0, acc_0_1, acc_0_2, &
     !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
     !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
@@ -1844,6 +1785,12 @@ contains
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            dresid_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            dresid_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            dresid_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            dresid_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            dresid_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            dresid_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_double
             acc_0_1 = 0.0_c_double
             acc_0_2 = 0.0_c_double
@@ -1894,102 +1841,102 @@ contains
             acc_5_7 = 0.0_c_double
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 7)
             end do
             dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -2044,44 +1991,43 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! out.dO.edge: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, yw)
+    ! out.dO.edge: scratch dattn, dresid, out_WoT
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, dattn_row, yw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dattn_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             yw = 0.0_c_double
             !$omp simd reduction(+:yw)
             do m = 0, dm - 1
               yw = yw + dresid(dm*(b*n + i) + m) * out_WoT(c + dh*(dm*h + m))
             end do
-            dattn(c + dh*(i + n*(b*heads + h))) = yw
+            dattn(dattn_row + c) = yw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! out.dWo.pack_dY: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! out.dWo.pack_dY: scratch out_dY_panel, dresid
+    ! for m_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, out_dY_panel_row, dresid_row)
     do m_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          out_dY_panel_row = 8*i + 8*n*(b + batch*m_tile)
+          dresid_row = dm*(b*n + i) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            out_dY_panel(8*i + lane + 8*n*(b + batch*m_tile)) = dresid(dm*(b*n + i) + lane + &
-                & 8*m_tile)
+            out_dY_panel(out_dY_panel_row + lane) = dresid(dresid_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! out.dWo: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    ! out.dWo: writes dWo; reads attn; scratch out_dY_panel
+    ! for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -2293,9 +2239,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! out.dWo.edge: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    ! out.dWo.edge: writes dWo; reads attn; scratch dresid
+    ! for h, c (parallel) / m / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(m, b, i, batches, oy)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -2314,37 +2259,27 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.delta: from the DNF
-    ! stage attn: attention_bwd dnf
-    ! delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
-    !$omp parallel do collapse(3) schedule(static) private(c, rowdot)
+    ! attn.delta: reads attn; scratch attn_delta, dattn
+    ! for b, h, i (parallel) / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, dattn_row, attn_row, rowdot)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dattn_row = dh*(i + n*(b*heads + h))
+          attn_row = dh*(i + n*(b*heads + h))
           rowdot = 0.0_c_double
           !$omp simd reduction(+:rowdot)
           do c = 0, dh - 1
-            rowdot = rowdot + dattn(c + dh*(i + n*(b*heads + h))) * attn(c + dh*(i + n*(b*heads + &
-                & h)))
+            rowdot = rowdot + dattn(dattn_row + c) * attn(attn_row + c)
           end do
           attn_delta(i + n*(b*heads + h)) = rowdot
         end do
       end do
     end do
     !$omp end parallel do
-    ! attn.dQ: from the DNF
-    ! stage attn: attention_bwd dnf
-    ! dQ[b, h, i, c] = sum[j2 < n](
-    !                      scale
-    !                      * exp(
-    !                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
-    !                          - (<b h i> psi lse)
-    !                      )
-    !                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
-    !                      - (<b h i> psi delta))
-    !                      * (<b h j2 c> psi K)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, j, qk, dov, t)
+    ! attn.dQ: reads Q, K, V, lse; scratch dQ, dattn, attn_delta
+    ! for b, h, i (parallel) / c (simd), j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j, V_row, qk, dov, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
@@ -2353,6 +2288,7 @@ contains
             dQ(c + dh*(i + n*(b*heads + h))) = 0.0_c_double
           end do
           do j = 0, n - 1
+            V_row = dh*(j + n*(b*heads + h))
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, dh - 1
@@ -2361,7 +2297,7 @@ contains
             dov = 0.0_c_double
             !$omp simd reduction(+:dov)
             do c = 0, dh - 1
-              dov = dov + dattn(c + dh*(i + n*(b*heads + h))) * V(c + dh*(j + n*(b*heads + h)))
+              dov = dov + dattn(c + dh*(i + n*(b*heads + h))) * V(V_row + c)
             end do
             t = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - attn_delta(i + &
                 & n*(b*heads + h)))
@@ -2375,19 +2311,9 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.dK: from the DNF
-    ! stage attn: attention_bwd dnf
-    ! dK[b, h, j, c] = sum[i2 < n](
-    !                      scale
-    !                      * exp(
-    !                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
-    !                          - (<b h i2> psi lse)
-    !                      )
-    !                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
-    !                      - (<b h i2> psi delta))
-    !                      * (<b h i2 c> psi Q)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, i, qk, dov, t2)
+    ! attn.dK: reads Q, K, V, lse; scratch dK, dattn, attn_delta
+    ! for b, h, j (parallel) / c (simd), i / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, i, dattn_row, qk, dov, t2)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
@@ -2396,6 +2322,7 @@ contains
             dK(c + dh*(j + n*(b*heads + h))) = 0.0_c_double
           end do
           do i = 0, n - 1
+            dattn_row = dh*(i + n*(b*heads + h))
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, dh - 1
@@ -2404,7 +2331,7 @@ contains
             dov = 0.0_c_double
             !$omp simd reduction(+:dov)
             do c = 0, dh - 1
-              dov = dov + dattn(c + dh*(i + n*(b*heads + h))) * V(c + dh*(j + n*(b*heads + h)))
+              dov = dov + dattn(dattn_row + c) * V(c + dh*(j + n*(b*heads + h)))
             end do
             t2 = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - attn_delta(i + &
                 & n*(b*heads + h)))
@@ -2418,16 +2345,9 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.dV: from the DNF
-    ! stage attn: attention_bwd dnf
-    ! dV[b, h, j, c] = sum[i3 < n](
-    !                      exp(
-    !                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
-    !                          - (<b h i3> psi lse)
-    !                      )
-    !                      * (<b h i3 c> psi dO)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, i, qk, t3)
+    ! attn.dV: reads Q, K, lse; scratch dV, dattn
+    ! for b, h, j (parallel) / c (simd), i / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, i, Q_row, dattn_row, qk, t3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
@@ -2436,25 +2356,26 @@ contains
             dV(c + dh*(j + n*(b*heads + h))) = 0.0_c_double
           end do
           do i = 0, n - 1
+            Q_row = dh*(i + n*(b*heads + h))
+            dattn_row = dh*(i + n*(b*heads + h))
             qk = 0.0_c_double
             !$omp simd reduction(+:qk)
             do c = 0, dh - 1
-              qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
+              qk = qk + Q(Q_row + c) * K(c + dh*(j + n*(b*heads + h)))
             end do
             t3 = exp(scale * qk - lse(i + n*(b*heads + h)))
             !$omp simd
             do c = 0, dh - 1
-              dV(c + dh*(j + n*(b*heads + h))) = dV(c + dh*(j + n*(b*heads + h))) + t3 * dattn(c &
-                  & + dh*(i + n*(b*heads + h)))
+              dV(c + dh*(j + n*(b*heads + h))) = dV(c + dh*(j + n*(b*heads + h))) + t3 * &
+                  & dattn(dattn_row + c)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! norm1_apply.z: from the DNF
-    ! stage norm1_apply: rmsnorm_apply dnf
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! norm1_apply.z: reads norm1, x, inv_rms1; scratch xn1
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -2465,9 +2386,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.WqT: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! WqT[h, c, m] = (<m h c> psi Wq)
+    ! qkv.WqT: reads Wq; scratch qkv_WqT
+    ! for h (parallel) / c / m (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -2478,9 +2398,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.WkT: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! WkT[h, c, m] = (<m h c> psi Wk)
+    ! qkv.WkT: reads Wk; scratch qkv_WkT
+    ! for h (parallel) / c / m (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -2491,9 +2410,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.WvT: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! WvT[h, c, m] = (<m h c> psi Wv)
+    ! qkv.WvT: reads Wv; scratch qkv_WvT
+    ! for h (parallel) / c / m (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -2504,66 +2422,62 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dX.pack_WqT: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! qkv.dX.pack_WqT: scratch qkv_WqT_panel, qkv_WqT
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, qkv_WqT_panel_row, &
+    !$omp& qkv_WqT_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          qkv_WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          qkv_WqT_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WqT(dm*(c + dh*h) + lane + &
-                & 8*m_tile)
+            qkv_WqT_panel(qkv_WqT_panel_row + lane) = qkv_WqT(qkv_WqT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.dX.pack_WkT: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! qkv.dX.pack_WkT: scratch qkv_WkT_panel, qkv_WkT
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, qkv_WkT_panel_row, &
+    !$omp& qkv_WkT_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          qkv_WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          qkv_WkT_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WkT(dm*(c + dh*h) + lane + &
-                & 8*m_tile)
+            qkv_WkT_panel(qkv_WkT_panel_row + lane) = qkv_WkT(qkv_WkT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.dX.pack_WvT: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! qkv.dX.pack_WvT: scratch qkv_WvT_panel, qkv_WvT
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, qkv_WvT_panel_row, &
+    !$omp& qkv_WvT_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          qkv_WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          qkv_WvT_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WvT(dm*(c + dh*h) + lane + &
-                & 8*m_tile)
+            qkv_WvT_panel(qkv_WvT_panel_row + lane) = qkv_WvT(qkv_WvT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.dX: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, acc_0_0, acc_0_1, &
+    ! qkv.dX: scratch dxn1, dQ, qkv_WqT_panel, dK, qkv_WkT_panel, dV, qkv_WvT_panel
+    ! for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, dQ_row0, dQ_row1, &
+    !$omp& dQ_row2, dQ_row3, dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, &
+    !$omp& dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
@@ -2622,248 +2536,170 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do h = 0, heads - 1
+            dQ_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            dQ_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            dQ_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            dQ_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            dQ_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            dQ_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            dK_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            dK_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            dK_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            dK_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            dK_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            dK_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            dV_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            dV_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            dV_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            dV_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            dV_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            dV_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + 8*dh*(h &
-                  & + heads*m_tile))
-              acc_0_1 = acc_0_1 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                  & + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row0 &
+                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                  & + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row1 &
+                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                  & + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row2 &
+                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                  & + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row3 &
+                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                  & + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row4 &
+                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                  & + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row5 &
+                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -2918,23 +2754,23 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dX.edge: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(2) schedule(static) private(m, h, c, heads_sum, gw)
+    ! qkv.dX.edge: scratch dxn1, dQ, qkv_WqT, dK, qkv_WkT, dV, qkv_WvT
+    ! for b, i (parallel) / m / h / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(m, h, c, dQ_row, dK_row, dV_row, &
+    !$omp& heads_sum, gw)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 8*((dm) / 8), dm - 1
           heads_sum = 0.0_c_double
           do h = 0, heads - 1
+            dQ_row = dh*(i + n*(b*heads + h))
+            dK_row = dh*(i + n*(b*heads + h))
+            dV_row = dh*(i + n*(b*heads + h))
             gw = 0.0_c_double
             !$omp simd reduction(+:gw)
             do c = 0, dh - 1
-              gw = gw + dQ(c + dh*(i + n*(b*heads + h))) * qkv_WqT(dm*(c + dh*h) + m) + dK(c + &
-                  & dh*(i + n*(b*heads + h))) * qkv_WkT(dm*(c + dh*h) + m) + dV(c + dh*(i + &
-                  & n*(b*heads + h))) * qkv_WvT(dm*(c + dh*h) + m)
+              gw = gw + dQ(dQ_row + c) * qkv_WqT(dm*(c + dh*h) + m) + dK(dK_row + c) * &
+                  & qkv_WkT(dm*(c + dh*h) + m) + dV(dV_row + c) * qkv_WvT(dm*(c + dh*h) + m)
             end do
             heads_sum = heads_sum + gw
           end do
@@ -2943,27 +2779,27 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWq.pack_dQ: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    ! qkv.dWq.pack_dQ: scratch qkv_dQ_panel, dQ
+    ! for h (parallel) / c_tile / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, qkv_dQ_panel_row, &
+    !$omp& dQ_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            qkv_dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
+            dQ_row = 8*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
             do lane = 0, 7
-              qkv_dQ_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + lane)
+              qkv_dQ_panel(qkv_dQ_panel_row + lane) = dQ(dQ_row + lane)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWq: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    ! qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
+    ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -3175,9 +3011,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWq.edge: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    ! qkv.dWq.edge: writes dWq; scratch xn1, dQ
+    ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -3196,27 +3031,27 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWk.pack_dK: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    ! qkv.dWk.pack_dK: scratch qkv_dK_panel, dK
+    ! for h (parallel) / c_tile / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, qkv_dK_panel_row, &
+    !$omp& dK_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            qkv_dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
+            dK_row = 8*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
             do lane = 0, 7
-              qkv_dK_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + lane)
+              qkv_dK_panel(qkv_dK_panel_row + lane) = dK(dK_row + lane)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWk: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    ! qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
+    ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -3428,9 +3263,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWk.edge: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    ! qkv.dWk.edge: writes dWk; scratch xn1, dK
+    ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -3449,27 +3283,27 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWv.pack_dV: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    ! qkv.dWv.pack_dV: scratch qkv_dV_panel, dV
+    ! for h (parallel) / c_tile / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, qkv_dV_panel_row, &
+    !$omp& dV_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            qkv_dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
+            dV_row = 8*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
             do lane = 0, 7
-              qkv_dV_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + lane)
+              qkv_dV_panel(qkv_dV_panel_row + lane) = dV(dV_row + lane)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWv: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    ! qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
+    ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -3681,9 +3515,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWv.edge: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    ! qkv.dWv.edge: writes dWv; scratch xn1, dV
+    ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -3702,20 +3535,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm1.dweight.partial: from the DNF
-    ! stage norm1: rmsnorm_bwd dnf
-    ! dx[b, i, c] = (<b i> psi inv_rms)
-    !               * ((<b i c> psi dz) * (<c> psi weight)
-    !               - (<b i c> psi x) * (<b i> psi inv_rms)
-    !               * sum[c2 < d](
-    !                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-    !               )
-    !               / d)
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm, dxn1
+    ! for i_part (parallel) / c (simd), b / i / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
     do i_part = 0, 15
       !$omp simd
@@ -3742,13 +3563,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm1.dweight: from the DNF
-    ! stage norm1: rmsnorm_bwd dnf
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! norm1.dweight: writes dnorm1; scratch norm1_dweight_part
+    ! for c / i_part (simd)
     do c = 0, dm - 1
       dweight_sum = 0.0_c_double
       !$omp simd reduction(+:dweight_sum)
@@ -3757,9 +3573,8 @@ contains
       end do
       dnorm1(c) = dweight_sum
     end do
-    ! add1.y: from the DNF
-    ! stage add1: residual_add dnf
-    ! y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    ! add1.y: writes dx; scratch dresid, dx_norm
+    ! for b, i (parallel) / m (simd)
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -3855,7 +3670,21 @@ contains
     real(c_float), intent(out) :: qkv_dK_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_float), intent(out) :: qkv_dV_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_float), intent(out) :: norm1_dweight_part(0:16 * dm - 1)
-    integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_tile, c_tile, i_part, m, h, m_tile, j
+    integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_tile, c_tile, i_part, m, h, m_tile, j, &
+        & mlp_WdT_panel_row, dy_row0, dy_row1, dy_row2, dy_row3, dy_row4, dy_row5, &
+        & mlp_Wu_panel_row, xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, U_row, &
+        & mlp_WgT_panel_row, mlp_WuT_panel_row, mlp_dU_row0, mlp_dU_row1, mlp_dU_row2, &
+        & mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, mlp_dV_row1, mlp_dV_row2, &
+        & mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, mlp_dU_panel_row, mlp_dU_row, mlp_XT_row0, &
+        & mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, mlp_XT_row5, mlp_dV_panel_row, &
+        & mlp_dV_row, mlp_dF_panel_row, dy_row, mlp_HT_row0, mlp_HT_row1, mlp_HT_row2, &
+        & mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, out_WoT_panel_row, out_WoT_row, dresid_row0, &
+        & dresid_row1, dresid_row2, dresid_row3, dresid_row4, dresid_row5, dattn_row, &
+        & out_dY_panel_row, dresid_row, attn_row, V_row, Q_row, qkv_WqT_panel_row, qkv_WqT_row, &
+        & qkv_WkT_panel_row, qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, &
+        & dQ_row2, dQ_row3, dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, &
+        & dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dQ_row, dK_row, dV_row, &
+        & qkv_dQ_panel_row, qkv_dK_panel_row, qkv_dV_panel_row
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -3865,9 +3694,8 @@ contains
         & batch_d, hdf, dot, t2, dweight_sum, yw, batches, oy, rowdot, qk, dov, t3, heads_sum, &
         & gw, xg
 
-    ! norm2_apply.z: from the DNF
-    ! stage norm2_apply: rmsnorm_apply dnf
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! norm2_apply.z: reads norm2, resid, inv_rms2; scratch xn2
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -3878,9 +3706,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.WdT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! WdT[c, e] = (<e c> psi Wd)
+    ! mlp.WdT: reads Wd; scratch mlp_WdT
+    ! for c (parallel) / e (simd)
     !$omp parallel do collapse(1) schedule(static) private(e)
     do c = 0, dm - 1
       !$omp simd
@@ -3889,31 +3716,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dH.pack_WdT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! mlp.dH.pack_WdT: scratch mlp_WdT_panel, mlp_WdT
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_WdT_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        mlp_WdT_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          mlp_WdT_panel(8*c + 8*dm*e_tile + lane) = mlp_WdT(c*dff + 8*e_tile + lane)
+          mlp_WdT_panel(mlp_WdT_panel_row + lane) = mlp_WdT(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.dH: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, dy_row0, dy_row1, dy_row2, &
+    !$omp& dy_row3, dy_row4, dy_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
+    !$omp& acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+    !$omp& acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
+    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
+    !$omp& acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          dy_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          dy_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          dy_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          dy_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          dy_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          dy_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -3964,102 +3797,54 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
           end do
           mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -4113,9 +3898,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dH.edge: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    ! mlp.dH.edge: reads dy; scratch mlp_dH, mlp_WdT
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, dfw)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -4130,31 +3914,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.V.pack_Wu: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_Wu_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        mlp_Wu_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          mlp_Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
+          mlp_Wu_panel(mlp_Wu_panel_row + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.V: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, xn2_row0, xn2_row1, &
+    !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          xn2_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          xn2_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          xn2_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          xn2_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -4205,102 +3995,54 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
           end do
           mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -4354,9 +4096,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.V.edge: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    ! mlp.V.edge: reads Wu; scratch mlp_V, xn2
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -4371,24 +4112,23 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dU: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
-    !$omp parallel do collapse(2) schedule(static) private(e, t)
+    ! mlp.dU: reads U; scratch mlp_dU, mlp_dH, mlp_V
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, U_row, t)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, dff - 1
-          t = 1.0_c_float / (1.0_c_float + exp(-U(dff*(b*n + i) + e)))
+          t = 1.0_c_float / (1.0_c_float + exp(-U(U_row + e)))
           mlp_dU(dff*(b*n + i) + e) = mlp_dH(dff*(b*n + i) + e) * mlp_V(dff*(b*n + i) + e) * t * &
-              & (1.0_c_float + U(dff*(b*n + i) + e) * (1.0_c_float - t))
+              & (1.0_c_float + U(U_row + e) * (1.0_c_float - t))
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.WgT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! WgT[e, c] = (<c e> psi Wg)
+    ! mlp.WgT: reads Wg; scratch mlp_WgT
+    ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
       !$omp simd
@@ -4397,9 +4137,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dV: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+    ! mlp.dV: reads U; scratch mlp_dV, mlp_dH
+    ! for b, i (parallel) / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -4411,9 +4150,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.WuT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! WuT[e, c] = (<c e> psi Wu)
+    ! mlp.WuT: reads Wu; scratch mlp_WuT
+    ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
       !$omp simd
@@ -4422,39 +4160,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dX.pack_WgT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    ! mlp.dX.pack_WgT: scratch mlp_WgT_panel, mlp_WgT
+    ! for c_tile (parallel) / e / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(e, lane, mlp_WgT_panel_row)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        mlp_WgT_panel_row = 8*c_tile*dff + 8*e
         !$omp simd
         do lane = 0, 7
-          mlp_WgT_panel(8*c_tile*dff + 8*e + lane) = mlp_WgT(8*c_tile + dm*e + lane)
+          mlp_WgT_panel(mlp_WgT_panel_row + lane) = mlp_WgT(8*c_tile + dm*e + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.dX.pack_WuT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    ! mlp.dX.pack_WuT: scratch mlp_WuT_panel, mlp_WuT
+    ! for c_tile (parallel) / e / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(e, lane, mlp_WuT_panel_row)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        mlp_WuT_panel_row = 8*c_tile*dff + 8*e
         !$omp simd
         do lane = 0, 7
-          mlp_WuT_panel(8*c_tile*dff + 8*e + lane) = mlp_WuT(8*c_tile + dm*e + lane)
+          mlp_WuT_panel(mlp_WuT_panel_row + lane) = mlp_WuT(8*c_tile + dm*e + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.dX: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, acc_0_0, acc_0_1, acc_0_2, &
+    ! mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
+    ! for b, c_tile (parallel) / i_tile / e (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, mlp_dU_row0, mlp_dU_row1, &
+    !$omp& mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, mlp_dV_row1, &
+    !$omp& mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, acc_0_0, acc_0_1, acc_0_2, &
     !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
     !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
@@ -4463,6 +4199,18 @@ contains
     do b = 0, batch - 1
       do c_tile = 0, ((dm) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          mlp_dU_row0 = dff*(b*n + min(6*i_tile, n - 1))
+          mlp_dU_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+          mlp_dU_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+          mlp_dU_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+          mlp_dU_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+          mlp_dU_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
+          mlp_dV_row0 = dff*(b*n + min(6*i_tile, n - 1))
+          mlp_dV_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+          mlp_dV_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+          mlp_dV_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+          mlp_dV_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+          mlp_dV_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -4513,150 +4261,102 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) + &
-                & e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_0_1 = acc_0_1 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_0_2 = acc_0_2 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_0_3 = acc_0_3 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_0_4 = acc_0_4 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_0_5 = acc_0_5 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_0_6 = acc_0_6 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_0_7 = acc_0_7 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_1_0 = acc_1_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_1_1 = acc_1_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_1_2 = acc_1_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_1_3 = acc_1_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_1_4 = acc_1_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_1_5 = acc_1_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_1_6 = acc_1_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_1_7 = acc_1_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_2_0 = acc_2_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_2_1 = acc_2_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_2_2 = acc_2_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_2_3 = acc_2_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_2_4 = acc_2_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_2_5 = acc_2_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_2_6 = acc_2_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_2_7 = acc_2_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_3_0 = acc_3_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_3_1 = acc_3_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_3_2 = acc_3_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_3_3 = acc_3_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_3_4 = acc_3_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_3_5 = acc_3_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_3_6 = acc_3_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_3_7 = acc_3_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_4_0 = acc_4_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_4_1 = acc_4_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_4_2 = acc_4_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_4_3 = acc_4_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_4_4 = acc_4_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_4_5 = acc_4_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_4_6 = acc_4_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_4_7 = acc_4_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_5_0 = acc_5_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) &
-                & + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_5_1 = acc_5_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_5_2 = acc_5_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_5_3 = acc_5_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_5_4 = acc_5_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_5_5 = acc_5_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_5_6 = acc_5_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_5_7 = acc_5_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_0_0 = acc_0_0 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+            acc_0_1 = acc_0_1 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_0_2 = acc_0_2 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_0_3 = acc_0_3 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_0_4 = acc_0_4 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_0_5 = acc_0_5 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_0_6 = acc_0_6 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_0_7 = acc_0_7 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
+                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_1_0 = acc_1_0 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+            acc_1_1 = acc_1_1 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_1_2 = acc_1_2 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_1_3 = acc_1_3 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_1_4 = acc_1_4 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_1_5 = acc_1_5 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_1_6 = acc_1_6 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_1_7 = acc_1_7 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
+                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_2_0 = acc_2_0 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+            acc_2_1 = acc_2_1 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_2_2 = acc_2_2 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_2_3 = acc_2_3 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_2_4 = acc_2_4 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_2_5 = acc_2_5 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_2_6 = acc_2_6 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_2_7 = acc_2_7 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
+                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_3_0 = acc_3_0 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+            acc_3_1 = acc_3_1 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_3_2 = acc_3_2 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_3_3 = acc_3_3 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_3_4 = acc_3_4 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_3_5 = acc_3_5 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_3_6 = acc_3_6 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_3_7 = acc_3_7 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
+                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_4_0 = acc_4_0 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+            acc_4_1 = acc_4_1 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_4_2 = acc_4_2 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_4_3 = acc_4_3 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_4_4 = acc_4_4 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_4_5 = acc_4_5 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_4_6 = acc_4_6 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_4_7 = acc_4_7 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
+                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_5_0 = acc_5_0 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+            acc_5_1 = acc_5_1 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_5_2 = acc_5_2 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_5_3 = acc_5_3 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_5_4 = acc_5_4 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_5_5 = acc_5_5 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_5_6 = acc_5_6 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_5_7 = acc_5_7 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
+                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
           end do
           dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
           dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -4710,10 +4410,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dX.edge: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    ! mlp.dX.edge: scratch dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT
+    ! for b, i (parallel) / c / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, e, dug)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -4729,9 +4427,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.XT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! XT[b, c, i] = (<b i c> psi X)
+    ! mlp.XT: scratch mlp_XT, xn2
+    ! for b, c (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do c = 0, dm - 1
@@ -4742,26 +4439,26 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWg.pack_dU: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! mlp.dWg.pack_dU: scratch mlp_dU_panel, mlp_dU
+    ! for e_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, mlp_dU_panel_row, mlp_dU_row)
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          mlp_dU_panel_row = 8*i + 8*n*(b + batch*e_tile)
+          mlp_dU_row = dff*(b*n + i) + 8*e_tile
           !$omp simd
           do lane = 0, 7
-            mlp_dU_panel(8*i + lane + 8*n*(b + batch*e_tile)) = mlp_dU(dff*(b*n + i) + 8*e_tile + &
-                & lane)
+            mlp_dU_panel(mlp_dU_panel_row + lane) = mlp_dU(mlp_dU_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWg: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
+    ! mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
+    ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, mlp_XT_row0, &
+    !$omp& mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, mlp_XT_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
@@ -4819,104 +4516,104 @@ contains
         acc_5_7 = 0.0_c_float
         !GCC$ novector
         do b = 0, batch - 1
+          mlp_XT_row0 = n*(b*dm + min(6*c_tile, dm - 1))
+          mlp_XT_row1 = n*(b*dm + min(dm - 1, 6*c_tile + 1))
+          mlp_XT_row2 = n*(b*dm + min(dm - 1, 6*c_tile + 2))
+          mlp_XT_row3 = n*(b*dm + min(dm - 1, 6*c_tile + 3))
+          mlp_XT_row4 = n*(b*dm + min(dm - 1, 6*c_tile + 4))
+          mlp_XT_row5 = n*(b*dm + min(dm - 1, 6*c_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_0_1 = acc_0_1 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_0_0 = acc_0_0 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_0_1 = acc_0_1 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_0_2 = acc_0_2 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_0_3 = acc_0_3 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_0_4 = acc_0_4 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_0_5 = acc_0_5 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_0_6 = acc_0_6 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_0_7 = acc_0_7 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
           end do
         end do
         dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
@@ -4970,9 +4667,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWg.edge: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    ! mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
+    ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
@@ -4989,26 +4685,26 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWu.pack_dV: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! mlp.dWu.pack_dV: scratch mlp_dV_panel, mlp_dV
+    ! for e_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, mlp_dV_panel_row, mlp_dV_row)
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          mlp_dV_panel_row = 8*i + 8*n*(b + batch*e_tile)
+          mlp_dV_row = dff*(b*n + i) + 8*e_tile
           !$omp simd
           do lane = 0, 7
-            mlp_dV_panel(8*i + lane + 8*n*(b + batch*e_tile)) = mlp_dV(dff*(b*n + i) + 8*e_tile + &
-                & lane)
+            mlp_dV_panel(mlp_dV_panel_row + lane) = mlp_dV(mlp_dV_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWu: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
+    ! mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
+    ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, mlp_XT_row0, &
+    !$omp& mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, mlp_XT_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
@@ -5066,104 +4762,104 @@ contains
         acc_5_7 = 0.0_c_float
         !GCC$ novector
         do b = 0, batch - 1
+          mlp_XT_row0 = n*(b*dm + min(6*c_tile, dm - 1))
+          mlp_XT_row1 = n*(b*dm + min(dm - 1, 6*c_tile + 1))
+          mlp_XT_row2 = n*(b*dm + min(dm - 1, 6*c_tile + 2))
+          mlp_XT_row3 = n*(b*dm + min(dm - 1, 6*c_tile + 3))
+          mlp_XT_row4 = n*(b*dm + min(dm - 1, 6*c_tile + 4))
+          mlp_XT_row5 = n*(b*dm + min(dm - 1, 6*c_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_0_1 = acc_0_1 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
-                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_0_0 = acc_0_0 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_0_1 = acc_0_1 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_0_2 = acc_0_2 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_0_3 = acc_0_3 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_0_4 = acc_0_4 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_0_5 = acc_0_5 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_0_6 = acc_0_6 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_0_7 = acc_0_7 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+                & batch*e_tile) + 7)
           end do
         end do
         dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
@@ -5217,9 +4913,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWu.edge: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    ! mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
+    ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
@@ -5236,9 +4931,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.HT: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    ! mlp.HT: reads U; scratch mlp_HT, mlp_V
+    ! for b, e (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do e = 0, dff - 1
@@ -5250,25 +4944,26 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWd.pack_dF: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! mlp.dWd.pack_dF: reads dy; scratch mlp_dF_panel
+    ! for c_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, mlp_dF_panel_row, dy_row)
     do c_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          mlp_dF_panel_row = 8*i + 8*n*(b + batch*c_tile)
+          dy_row = 8*c_tile + dm*(b*n + i)
           !$omp simd
           do lane = 0, 7
-            mlp_dF_panel(8*i + lane + 8*n*(b + batch*c_tile)) = dy(8*c_tile + dm*(b*n + i) + lane)
+            mlp_dF_panel(mlp_dF_panel_row + lane) = dy(dy_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWd: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
-    !$omp parallel do collapse(1) schedule(static) private(e_tile, b, i, acc_0_0, acc_0_1, &
+    ! mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
+    ! for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
+    !$omp parallel do collapse(1) schedule(static) private(e_tile, b, i, mlp_HT_row0, &
+    !$omp& mlp_HT_row1, mlp_HT_row2, mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
@@ -5326,104 +5021,104 @@ contains
         acc_5_7 = 0.0_c_float
         !GCC$ novector
         do b = 0, batch - 1
+          mlp_HT_row0 = n*(b*dff + min(6*e_tile, dff - 1))
+          mlp_HT_row1 = n*(b*dff + min(dff - 1, 6*e_tile + 1))
+          mlp_HT_row2 = n*(b*dff + min(dff - 1, 6*e_tile + 2))
+          mlp_HT_row3 = n*(b*dff + min(dff - 1, 6*e_tile + 3))
+          mlp_HT_row4 = n*(b*dff + min(dff - 1, 6*e_tile + 4))
+          mlp_HT_row5 = n*(b*dff + min(dff - 1, 6*e_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile))
-            acc_0_1 = acc_0_1 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 1)
-            acc_0_2 = acc_0_2 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 2)
-            acc_0_3 = acc_0_3 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 3)
-            acc_0_4 = acc_0_4 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 4)
-            acc_0_5 = acc_0_5 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 5)
-            acc_0_6 = acc_0_6 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 6)
-            acc_0_7 = acc_0_7 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
-                & + 8*n*(b + batch*c_tile) + 7)
-            acc_1_0 = acc_1_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_1_1 = acc_1_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_1_2 = acc_1_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_1_3 = acc_1_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_1_4 = acc_1_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_1_5 = acc_1_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_1_6 = acc_1_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_1_7 = acc_1_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_2_0 = acc_2_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_2_1 = acc_2_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_2_2 = acc_2_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_2_3 = acc_2_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_2_4 = acc_2_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_2_5 = acc_2_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_2_6 = acc_2_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_2_7 = acc_2_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_3_0 = acc_3_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_3_1 = acc_3_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_3_2 = acc_3_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_3_3 = acc_3_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_3_4 = acc_3_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_3_5 = acc_3_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_3_6 = acc_3_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_3_7 = acc_3_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_4_0 = acc_4_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_4_1 = acc_4_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_4_2 = acc_4_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_4_3 = acc_4_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_4_4 = acc_4_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_4_5 = acc_4_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_4_6 = acc_4_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_4_7 = acc_4_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_5_0 = acc_5_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_5_1 = acc_5_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_5_2 = acc_5_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_5_3 = acc_5_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_5_4 = acc_5_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_5_5 = acc_5_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_5_6 = acc_5_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_5_7 = acc_5_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
-                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_0_0 = acc_0_0 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_0_1 = acc_0_1 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 1)
+            acc_0_2 = acc_0_2 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 2)
+            acc_0_3 = acc_0_3 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 3)
+            acc_0_4 = acc_0_4 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 4)
+            acc_0_5 = acc_0_5 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 5)
+            acc_0_6 = acc_0_6 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 6)
+            acc_0_7 = acc_0_7 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 7)
+            acc_1_0 = acc_1_0 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_1_1 = acc_1_1 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 1)
+            acc_1_2 = acc_1_2 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 2)
+            acc_1_3 = acc_1_3 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 3)
+            acc_1_4 = acc_1_4 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 4)
+            acc_1_5 = acc_1_5 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 5)
+            acc_1_6 = acc_1_6 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 6)
+            acc_1_7 = acc_1_7 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 7)
+            acc_2_0 = acc_2_0 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_2_1 = acc_2_1 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 1)
+            acc_2_2 = acc_2_2 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 2)
+            acc_2_3 = acc_2_3 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 3)
+            acc_2_4 = acc_2_4 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 4)
+            acc_2_5 = acc_2_5 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 5)
+            acc_2_6 = acc_2_6 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 6)
+            acc_2_7 = acc_2_7 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 7)
+            acc_3_0 = acc_3_0 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_3_1 = acc_3_1 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 1)
+            acc_3_2 = acc_3_2 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 2)
+            acc_3_3 = acc_3_3 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 3)
+            acc_3_4 = acc_3_4 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 4)
+            acc_3_5 = acc_3_5 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 5)
+            acc_3_6 = acc_3_6 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 6)
+            acc_3_7 = acc_3_7 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 7)
+            acc_4_0 = acc_4_0 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_4_1 = acc_4_1 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 1)
+            acc_4_2 = acc_4_2 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 2)
+            acc_4_3 = acc_4_3 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 3)
+            acc_4_4 = acc_4_4 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 4)
+            acc_4_5 = acc_4_5 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 5)
+            acc_4_6 = acc_4_6 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 6)
+            acc_4_7 = acc_4_7 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 7)
+            acc_5_0 = acc_5_0 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_5_1 = acc_5_1 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 1)
+            acc_5_2 = acc_5_2 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 2)
+            acc_5_3 = acc_5_3 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 3)
+            acc_5_4 = acc_5_4 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 4)
+            acc_5_5 = acc_5_5 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 5)
+            acc_5_6 = acc_5_6 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 6)
+            acc_5_7 = acc_5_7 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+                & batch*c_tile) + 7)
           end do
         end do
         dWd(8*c_tile + dm*min(6*e_tile, dff - 1)) = acc_0_0
@@ -5477,9 +5172,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.dWd.edge: from the DNF
-    ! stage mlp: mlp_bwd tiled
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    ! mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
+    ! for e (parallel) / c / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
     do e = 0, dff - 1
       do c = 8*((dm) / 8), dm - 1
@@ -5496,20 +5190,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm2.dweight.partial: from the DNF
-    ! stage norm2: rmsnorm_bwd dnf
-    ! dx[b, i, c] = (<b i> psi inv_rms)
-    !               * ((<b i c> psi dz) * (<c> psi weight)
-    !               - (<b i c> psi x) * (<b i> psi inv_rms)
-    !               * sum[c2 < d](
-    !                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-    !               )
-    !               / d)
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm, dxn2
+    ! for i_part (parallel) / c (simd), b / i / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
     do i_part = 0, 15
       !$omp simd
@@ -5537,13 +5219,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm2.dweight: from the DNF
-    ! stage norm2: rmsnorm_bwd dnf
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! norm2.dweight: writes dnorm2; scratch norm2_dweight_part
+    ! for c / i_part (simd)
     do c = 0, dm - 1
       dweight_sum = 0.0_c_float
       !$omp simd reduction(+:dweight_sum)
@@ -5552,9 +5229,8 @@ contains
       end do
       dnorm2(c) = dweight_sum
     end do
-    ! add2.y: from the DNF
-    ! stage add2: residual_add dnf
-    ! y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    ! add2.y: reads dy; scratch dresid, dresid_norm
+    ! for b, i (parallel) / m (simd)
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -5565,9 +5241,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! out.WoT: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! WoT[h, m, c] = (<h c m> psi Wo)
+    ! out.WoT: reads Wo; scratch out_WoT
+    ! for h (parallel) / m / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(m, c)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -5578,26 +5253,27 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! out.dO.pack_WoT: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! out.dO.pack_WoT: scratch out_WoT_panel, out_WoT
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, out_WoT_panel_row, &
+    !$omp& out_WoT_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          out_WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          out_WoT_row = 8*c_tile + dh*(dm*h + m)
           !$omp simd
           do lane = 0, 7
-            out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = out_WoT(8*c_tile + &
-                & dh*(dm*h + m) + lane)
+            out_WoT_panel(out_WoT_panel_row + lane) = out_WoT(out_WoT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! out.dO: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
+    ! out.dO: scratch dattn, dresid, out_WoT_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, dresid_row0, dresid_row1, &
+    !$omp& dresid_row2, dresid_row3, dresid_row4, dresid_row5, acc_0_0, acc_0_1, acc_0_2, &
     !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
     !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
@@ -5607,6 +5283,12 @@ contains
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            dresid_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            dresid_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            dresid_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            dresid_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            dresid_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            dresid_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_float
             acc_0_1 = 0.0_c_float
             acc_0_2 = 0.0_c_float
@@ -5657,102 +5339,102 @@ contains
             acc_5_7 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + dresid(dresid_row0 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + dresid(dresid_row1 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + dresid(dresid_row2 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + dresid(dresid_row3 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + dresid(dresid_row4 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + dresid(dresid_row5 + m) * out_WoT_panel(8*dm*(c_tile + h*((dh) &
+                  & / 8)) + 8*m + 7)
             end do
             dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -5807,44 +5489,43 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! out.dO.edge: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, yw)
+    ! out.dO.edge: scratch dattn, dresid, out_WoT
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, dattn_row, yw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dattn_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             yw = 0.0_c_float
             !$omp simd reduction(+:yw)
             do m = 0, dm - 1
               yw = yw + dresid(dm*(b*n + i) + m) * out_WoT(c + dh*(dm*h + m))
             end do
-            dattn(c + dh*(i + n*(b*heads + h))) = yw
+            dattn(dattn_row + c) = yw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! out.dWo.pack_dY: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! out.dWo.pack_dY: scratch out_dY_panel, dresid
+    ! for m_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, out_dY_panel_row, dresid_row)
     do m_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          out_dY_panel_row = 8*i + 8*n*(b + batch*m_tile)
+          dresid_row = dm*(b*n + i) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            out_dY_panel(8*i + lane + 8*n*(b + batch*m_tile)) = dresid(dm*(b*n + i) + lane + &
-                & 8*m_tile)
+            out_dY_panel(out_dY_panel_row + lane) = dresid(dresid_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! out.dWo: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    ! out.dWo: writes dWo; reads attn; scratch out_dY_panel
+    ! for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -6056,9 +5737,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! out.dWo.edge: from the DNF
-    ! stage out: out_proj_bwd tiled
-    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    ! out.dWo.edge: writes dWo; reads attn; scratch dresid
+    ! for h, c (parallel) / m / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(m, b, i, batches, oy)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -6077,37 +5757,27 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.delta: from the DNF
-    ! stage attn: attention_bwd dnf
-    ! delta[b, h, i] = sum[c4 < d]((<b h i c4> psi dO) * (<b h i c4> psi O))
-    !$omp parallel do collapse(3) schedule(static) private(c, rowdot)
+    ! attn.delta: reads attn; scratch attn_delta, dattn
+    ! for b, h, i (parallel) / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, dattn_row, attn_row, rowdot)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dattn_row = dh*(i + n*(b*heads + h))
+          attn_row = dh*(i + n*(b*heads + h))
           rowdot = 0.0_c_float
           !$omp simd reduction(+:rowdot)
           do c = 0, dh - 1
-            rowdot = rowdot + dattn(c + dh*(i + n*(b*heads + h))) * attn(c + dh*(i + n*(b*heads + &
-                & h)))
+            rowdot = rowdot + dattn(dattn_row + c) * attn(attn_row + c)
           end do
           attn_delta(i + n*(b*heads + h)) = rowdot
         end do
       end do
     end do
     !$omp end parallel do
-    ! attn.dQ: from the DNF
-    ! stage attn: attention_bwd dnf
-    ! dQ[b, h, i, c] = sum[j2 < n](
-    !                      scale
-    !                      * exp(
-    !                          scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j2 c2> psi K))
-    !                          - (<b h i> psi lse)
-    !                      )
-    !                      * (sum[c3 < d]((<b h i c3> psi dO) * (<b h j2 c3> psi V))
-    !                      - (<b h i> psi delta))
-    !                      * (<b h j2 c> psi K)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, j, qk, dov, t)
+    ! attn.dQ: reads Q, K, V, lse; scratch dQ, dattn, attn_delta
+    ! for b, h, i (parallel) / c (simd), j / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, j, V_row, qk, dov, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
@@ -6116,6 +5786,7 @@ contains
             dQ(c + dh*(i + n*(b*heads + h))) = 0.0_c_float
           end do
           do j = 0, n - 1
+            V_row = dh*(j + n*(b*heads + h))
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, dh - 1
@@ -6124,7 +5795,7 @@ contains
             dov = 0.0_c_float
             !$omp simd reduction(+:dov)
             do c = 0, dh - 1
-              dov = dov + dattn(c + dh*(i + n*(b*heads + h))) * V(c + dh*(j + n*(b*heads + h)))
+              dov = dov + dattn(c + dh*(i + n*(b*heads + h))) * V(V_row + c)
             end do
             t = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - attn_delta(i + &
                 & n*(b*heads + h)))
@@ -6138,19 +5809,9 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.dK: from the DNF
-    ! stage attn: attention_bwd dnf
-    ! dK[b, h, j, c] = sum[i2 < n](
-    !                      scale
-    !                      * exp(
-    !                          scale * sum[c5 < d]((<b h i2 c5> psi Q) * (<b h j c5> psi K))
-    !                          - (<b h i2> psi lse)
-    !                      )
-    !                      * (sum[c6 < d]((<b h i2 c6> psi dO) * (<b h j c6> psi V))
-    !                      - (<b h i2> psi delta))
-    !                      * (<b h i2 c> psi Q)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, i, qk, dov, t2)
+    ! attn.dK: reads Q, K, V, lse; scratch dK, dattn, attn_delta
+    ! for b, h, j (parallel) / c (simd), i / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, i, dattn_row, qk, dov, t2)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
@@ -6159,6 +5820,7 @@ contains
             dK(c + dh*(j + n*(b*heads + h))) = 0.0_c_float
           end do
           do i = 0, n - 1
+            dattn_row = dh*(i + n*(b*heads + h))
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, dh - 1
@@ -6167,7 +5829,7 @@ contains
             dov = 0.0_c_float
             !$omp simd reduction(+:dov)
             do c = 0, dh - 1
-              dov = dov + dattn(c + dh*(i + n*(b*heads + h))) * V(c + dh*(j + n*(b*heads + h)))
+              dov = dov + dattn(dattn_row + c) * V(c + dh*(j + n*(b*heads + h)))
             end do
             t2 = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - attn_delta(i + &
                 & n*(b*heads + h)))
@@ -6181,16 +5843,9 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.dV: from the DNF
-    ! stage attn: attention_bwd dnf
-    ! dV[b, h, j, c] = sum[i3 < n](
-    !                      exp(
-    !                          scale * sum[c7 < d]((<b h i3 c7> psi Q) * (<b h j c7> psi K))
-    !                          - (<b h i3> psi lse)
-    !                      )
-    !                      * (<b h i3 c> psi dO)
-    !                  )
-    !$omp parallel do collapse(3) schedule(static) private(c, i, qk, t3)
+    ! attn.dV: reads Q, K, lse; scratch dV, dattn
+    ! for b, h, j (parallel) / c (simd), i / c (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, i, Q_row, dattn_row, qk, t3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
@@ -6199,25 +5854,26 @@ contains
             dV(c + dh*(j + n*(b*heads + h))) = 0.0_c_float
           end do
           do i = 0, n - 1
+            Q_row = dh*(i + n*(b*heads + h))
+            dattn_row = dh*(i + n*(b*heads + h))
             qk = 0.0_c_float
             !$omp simd reduction(+:qk)
             do c = 0, dh - 1
-              qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
+              qk = qk + Q(Q_row + c) * K(c + dh*(j + n*(b*heads + h)))
             end do
             t3 = exp(scale * qk - lse(i + n*(b*heads + h)))
             !$omp simd
             do c = 0, dh - 1
-              dV(c + dh*(j + n*(b*heads + h))) = dV(c + dh*(j + n*(b*heads + h))) + t3 * dattn(c &
-                  & + dh*(i + n*(b*heads + h)))
+              dV(c + dh*(j + n*(b*heads + h))) = dV(c + dh*(j + n*(b*heads + h))) + t3 * &
+                  & dattn(dattn_row + c)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! norm1_apply.z: from the DNF
-    ! stage norm1_apply: rmsnorm_apply dnf
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! norm1_apply.z: reads norm1, x, inv_rms1; scratch xn1
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -6228,9 +5884,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.WqT: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! WqT[h, c, m] = (<m h c> psi Wq)
+    ! qkv.WqT: reads Wq; scratch qkv_WqT
+    ! for h (parallel) / c / m (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -6241,9 +5896,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.WkT: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! WkT[h, c, m] = (<m h c> psi Wk)
+    ! qkv.WkT: reads Wk; scratch qkv_WkT
+    ! for h (parallel) / c / m (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -6254,9 +5908,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.WvT: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! WvT[h, c, m] = (<m h c> psi Wv)
+    ! qkv.WvT: reads Wv; scratch qkv_WvT
+    ! for h (parallel) / c / m (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -6267,66 +5920,62 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dX.pack_WqT: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! qkv.dX.pack_WqT: scratch qkv_WqT_panel, qkv_WqT
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, qkv_WqT_panel_row, &
+    !$omp& qkv_WqT_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          qkv_WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          qkv_WqT_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WqT(dm*(c + dh*h) + lane + &
-                & 8*m_tile)
+            qkv_WqT_panel(qkv_WqT_panel_row + lane) = qkv_WqT(qkv_WqT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.dX.pack_WkT: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! qkv.dX.pack_WkT: scratch qkv_WkT_panel, qkv_WkT
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, qkv_WkT_panel_row, &
+    !$omp& qkv_WkT_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          qkv_WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          qkv_WkT_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WkT(dm*(c + dh*h) + lane + &
-                & 8*m_tile)
+            qkv_WkT_panel(qkv_WkT_panel_row + lane) = qkv_WkT(qkv_WkT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.dX.pack_WvT: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! qkv.dX.pack_WvT: scratch qkv_WvT_panel, qkv_WvT
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, qkv_WvT_panel_row, &
+    !$omp& qkv_WvT_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          qkv_WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          qkv_WvT_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WvT(dm*(c + dh*h) + lane + &
-                & 8*m_tile)
+            qkv_WvT_panel(qkv_WvT_panel_row + lane) = qkv_WvT(qkv_WvT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.dX: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, acc_0_0, acc_0_1, &
+    ! qkv.dX: scratch dxn1, dQ, qkv_WqT_panel, dK, qkv_WkT_panel, dV, qkv_WvT_panel
+    ! for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, dQ_row0, dQ_row1, &
+    !$omp& dQ_row2, dQ_row3, dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, &
+    !$omp& dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
@@ -6385,248 +6034,170 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do h = 0, heads - 1
+            dQ_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            dQ_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            dQ_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            dQ_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            dQ_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            dQ_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            dK_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            dK_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            dK_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            dK_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            dK_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            dK_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            dV_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            dV_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            dV_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            dV_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            dV_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            dV_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + 8*dh*(h &
-                  & + heads*m_tile))
-              acc_0_1 = acc_0_1 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * qkv_WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                  & + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row0 &
+                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                  & + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row1 &
+                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                  & + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row2 &
+                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                  & + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row3 &
+                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                  & + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row4 &
+                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                  & + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row5 &
+                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -6681,23 +6252,23 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dX.edge: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(2) schedule(static) private(m, h, c, heads_sum, gw)
+    ! qkv.dX.edge: scratch dxn1, dQ, qkv_WqT, dK, qkv_WkT, dV, qkv_WvT
+    ! for b, i (parallel) / m / h / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(m, h, c, dQ_row, dK_row, dV_row, &
+    !$omp& heads_sum, gw)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 8*((dm) / 8), dm - 1
           heads_sum = 0.0_c_float
           do h = 0, heads - 1
+            dQ_row = dh*(i + n*(b*heads + h))
+            dK_row = dh*(i + n*(b*heads + h))
+            dV_row = dh*(i + n*(b*heads + h))
             gw = 0.0_c_float
             !$omp simd reduction(+:gw)
             do c = 0, dh - 1
-              gw = gw + dQ(c + dh*(i + n*(b*heads + h))) * qkv_WqT(dm*(c + dh*h) + m) + dK(c + &
-                  & dh*(i + n*(b*heads + h))) * qkv_WkT(dm*(c + dh*h) + m) + dV(c + dh*(i + &
-                  & n*(b*heads + h))) * qkv_WvT(dm*(c + dh*h) + m)
+              gw = gw + dQ(dQ_row + c) * qkv_WqT(dm*(c + dh*h) + m) + dK(dK_row + c) * &
+                  & qkv_WkT(dm*(c + dh*h) + m) + dV(dV_row + c) * qkv_WvT(dm*(c + dh*h) + m)
             end do
             heads_sum = heads_sum + gw
           end do
@@ -6706,27 +6277,27 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWq.pack_dQ: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    ! qkv.dWq.pack_dQ: scratch qkv_dQ_panel, dQ
+    ! for h (parallel) / c_tile / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, qkv_dQ_panel_row, &
+    !$omp& dQ_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            qkv_dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
+            dQ_row = 8*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
             do lane = 0, 7
-              qkv_dQ_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + lane)
+              qkv_dQ_panel(qkv_dQ_panel_row + lane) = dQ(dQ_row + lane)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWq: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    ! qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
+    ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -6938,9 +6509,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWq.edge: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    ! qkv.dWq.edge: writes dWq; scratch xn1, dQ
+    ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -6959,27 +6529,27 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWk.pack_dK: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    ! qkv.dWk.pack_dK: scratch qkv_dK_panel, dK
+    ! for h (parallel) / c_tile / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, qkv_dK_panel_row, &
+    !$omp& dK_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            qkv_dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
+            dK_row = 8*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
             do lane = 0, 7
-              qkv_dK_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + lane)
+              qkv_dK_panel(qkv_dK_panel_row + lane) = dK(dK_row + lane)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWk: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    ! qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
+    ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -7191,9 +6761,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWk.edge: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    ! qkv.dWk.edge: writes dWk; scratch xn1, dK
+    ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -7212,27 +6781,27 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWv.pack_dV: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    ! qkv.dWv.pack_dV: scratch qkv_dV_panel, dV
+    ! for h (parallel) / c_tile / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, qkv_dV_panel_row, &
+    !$omp& dV_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            qkv_dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
+            dV_row = 8*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
             do lane = 0, 7
-              qkv_dV_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + lane)
+              qkv_dV_panel(qkv_dV_panel_row + lane) = dV(dV_row + lane)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWv: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    ! qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
+    ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -7444,9 +7013,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.dWv.edge: from the DNF
-    ! stage qkv: qkv_proj_bwd tiled
-    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    ! qkv.dWv.edge: writes dWv; scratch xn1, dV
+    ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -7465,20 +7033,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm1.dweight.partial: from the DNF
-    ! stage norm1: rmsnorm_bwd dnf
-    ! dx[b, i, c] = (<b i> psi inv_rms)
-    !               * ((<b i c> psi dz) * (<c> psi weight)
-    !               - (<b i c> psi x) * (<b i> psi inv_rms)
-    !               * sum[c2 < d](
-    !                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-    !               )
-    !               / d)
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm, dxn1
+    ! for i_part (parallel) / c (simd), b / i / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
     do i_part = 0, 15
       !$omp simd
@@ -7505,13 +7061,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm1.dweight: from the DNF
-    ! stage norm1: rmsnorm_bwd dnf
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! norm1.dweight: writes dnorm1; scratch norm1_dweight_part
+    ! for c / i_part (simd)
     do c = 0, dm - 1
       dweight_sum = 0.0_c_float
       !$omp simd reduction(+:dweight_sum)
@@ -7520,9 +7071,8 @@ contains
       end do
       dnorm1(c) = dweight_sum
     end do
-    ! add1.y: from the DNF
-    ! stage add1: residual_add dnf
-    ! y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    ! add1.y: writes dx; scratch dresid, dx_norm
+    ! for b, i (parallel) / m (simd)
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1

@@ -4,6 +4,61 @@
  * Schedule: norm1 = rmsnorm_fwd dnf; qkv = qkv_proj tiled; attn = attention_fwd online; out = out_proj tiled; norm2 = rmsnorm_fwd dnf; mlp = mlp_fwd tiled; add = residual_add dnf.
  * Do not edit; regenerate with: moagen emit --lang c block_fwd --variant composed
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * stage norm1: rmsnorm_fwd dnf
+ * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+ * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+ * stage qkv: qkv_proj tiled
+ * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+ * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+ * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+ * stage attn: attention_fwd online
+ * O[b, h, i, c] = sum[j < n](
+ *                     exp(
+ *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+ *                         - max[j2 < n](
+ *                             scale
+ *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+ *                         )
+ *                     )
+ *                     / sum[j3 < n](
+ *                         exp(
+ *                             scale
+ *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+ *                             - max[j4 < n](
+ *                                 scale
+ *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+ *                             )
+ *                         )
+ *                     )
+ *                     * (<b h j c> psi V)
+ *                 )
+ * lse[b, h, i] = max[j5 < n](
+ *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+ *                )
+ *                + log(
+ *                    sum[j6 < n](
+ *                        exp(
+ *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+ *                            - max[j7 < n](
+ *                                scale
+ *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+ *                            )
+ *                        )
+ *                    )
+ *                )
+ * stage out: out_proj tiled
+ * Y[b, i, m] = (<b i m> psi R)
+ *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+ * stage norm2: rmsnorm_fwd dnf
+ * stage mlp: mlp_fwd tiled
+ * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+ * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+ * stage add: residual_add dnf
+ * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -62,15 +117,20 @@ static void block_fwd_composed_f64_qkv_Q(
     double scale
 )
 {
-    /* qkv.Q: from the DNF
-     * stage qkv: qkv_proj tiled
-     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+    /* qkv.Q: writes Q; scratch xn1, qkv_Wq_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
                 for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     double acc_0_0 = 0.0;
                     double acc_0_1 = 0.0;
                     double acc_0_2 = 0.0;
@@ -120,54 +180,54 @@ static void block_fwd_composed_f64_qkv_Q(
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
                     for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
                     }
                     Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                     Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -267,15 +327,20 @@ static void block_fwd_composed_f64_qkv_K(
     double scale
 )
 {
-    /* qkv.K: from the DNF
-     * stage qkv: qkv_proj tiled
-     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+    /* qkv.K: writes K; scratch xn1, qkv_Wk_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
                 for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     double acc_0_0 = 0.0;
                     double acc_0_1 = 0.0;
                     double acc_0_2 = 0.0;
@@ -325,54 +390,54 @@ static void block_fwd_composed_f64_qkv_K(
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
                     for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
                     }
                     K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                     K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -472,15 +537,20 @@ static void block_fwd_composed_f64_qkv_V(
     double scale
 )
 {
-    /* qkv.V: from the DNF
-     * stage qkv: qkv_proj tiled
-     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+    /* qkv.V: writes V; scratch xn1, qkv_Wv_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
                 for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     double acc_0_0 = 0.0;
                     double acc_0_1 = 0.0;
                     double acc_0_2 = 0.0;
@@ -530,54 +600,54 @@ static void block_fwd_composed_f64_qkv_V(
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
                     for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
                     }
                     V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                     V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -677,10 +747,8 @@ static void block_fwd_composed_f64_out_Y(
     double scale
 )
 {
-    /* out.Y: from the DNF
-     * stage out: out_proj tiled
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* out.Y: writes resid; reads attn; scratch out_Wo_panel
+     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -735,55 +803,61 @@ static void block_fwd_composed_f64_out_Y(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t attn_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t attn_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t attn_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t attn_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t attn_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
                     }
                 }
                 resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -883,14 +957,19 @@ static void block_fwd_composed_f64_mlp_U(
     double scale
 )
 {
-    /* mlp.U: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* mlp.U: writes U; scratch xn2, mlp_Wg_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -940,54 +1019,54 @@ static void block_fwd_composed_f64_mlp_U(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
                 }
                 U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -1086,14 +1165,19 @@ static void block_fwd_composed_f64_mlp_H(
     double scale
 )
 {
-    /* mlp.H: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -1143,54 +1227,54 @@ static void block_fwd_composed_f64_mlp_H(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
                 }
                 mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -1289,14 +1373,19 @@ static void block_fwd_composed_f64_mlp_F(
     double scale
 )
 {
-    /* mlp.F: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* mlp.F: scratch mlp_out, mlp_H, mlp_Wd_panel
+     * for b, c_tile (parallel) / i_tile / e (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t mlp_H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t mlp_H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t mlp_H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t mlp_H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t mlp_H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -1346,54 +1435,54 @@ static void block_fwd_composed_f64_mlp_F(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t e = 0; e < dff; ++e) {
-                    acc_0_0 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                    acc_0_1 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_0_2 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_0_3 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_0_4 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_0_5 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_0_6 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_0_7 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_1_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                    acc_1_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_1_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_1_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_1_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_1_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_1_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_1_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_2_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                    acc_2_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_2_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_2_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_2_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_2_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_2_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_2_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_3_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                    acc_3_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_3_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_3_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_3_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_3_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_3_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_3_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_4_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                    acc_4_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_4_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_4_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_4_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_4_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_4_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_4_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_5_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                    acc_5_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_5_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_5_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_5_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_5_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_5_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_5_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                    acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_0_4 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_0_5 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_0_6 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_0_7 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                    acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_1_4 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_1_5 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_1_6 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_1_7 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_2_0 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                    acc_2_1 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_2_2 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_2_3 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_2_4 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_2_5 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_2_6 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_2_7 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_3_0 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                    acc_3_1 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_3_2 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_3_3 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_3_4 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_3_5 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_3_6 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_3_7 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_4_0 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                    acc_4_1 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_4_2 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_4_3 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_4_4 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_4_5 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_4_6 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_4_7 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_5_0 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                    acc_5_1 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_5_2 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_5_3 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_5_4 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_5_5 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_5_6 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_5_7 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
                 }
                 mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                 mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -1491,10 +1580,8 @@ void block_fwd_composed_f64(
     double scale
 )
 {
-    /* norm1.rows: from the DNF
-     * stage norm1: rmsnorm_fwd dnf
-     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* norm1.rows: writes inv_rms1; reads x, norm1; scratch xn1
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1511,147 +1598,117 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* qkv.Q.pack_Wq: from the DNF
-     * stage qkv: qkv_proj tiled
-     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+    /* qkv.Q.pack_Wq: reads Wq; scratch qkv_Wq_panel
+     * for h (parallel) / c_tile / m / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                const int64_t qkv_Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
+                    qkv_Wq_panel[qkv_Wq_panel_row + lane] = Wq[Wq_row + lane];
                 }
             }
         }
     }
     block_fwd_composed_f64_qkv_Q(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* qkv.Q.edge: from the DNF
-     * stage qkv: qkv_proj tiled
-     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+    /* qkv.Q.edge: writes Q; reads Wq; scratch xn1
+     * for b, h, i (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t Q_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     double xw = 0.0;
                     #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
                     }
-                    Q[c + dh*(i + n*(b*heads + h))] = xw;
+                    Q[Q_row + c] = xw;
                 }
             }
         }
     }
-    /* qkv.K.pack_Wk: from the DNF
-     * stage qkv: qkv_proj tiled
-     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+    /* qkv.K.pack_Wk: reads Wk; scratch qkv_Wk_panel
+     * for h (parallel) / c_tile / m / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                const int64_t qkv_Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t Wk_row = 8*c_tile + dh*(h + heads*m);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
+                    qkv_Wk_panel[qkv_Wk_panel_row + lane] = Wk[Wk_row + lane];
                 }
             }
         }
     }
     block_fwd_composed_f64_qkv_K(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* qkv.K.edge: from the DNF
-     * stage qkv: qkv_proj tiled
-     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+    /* qkv.K.edge: writes K; reads Wk; scratch xn1
+     * for b, h, i (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t K_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     double xw = 0.0;
                     #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
                     }
-                    K[c + dh*(i + n*(b*heads + h))] = xw;
+                    K[K_row + c] = xw;
                 }
             }
         }
     }
-    /* qkv.V.pack_Wv: from the DNF
-     * stage qkv: qkv_proj tiled
-     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+    /* qkv.V.pack_Wv: reads Wv; scratch qkv_Wv_panel
+     * for h (parallel) / c_tile / m / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                const int64_t qkv_Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
+                    qkv_Wv_panel[qkv_Wv_panel_row + lane] = Wv[Wv_row + lane];
                 }
             }
         }
     }
     block_fwd_composed_f64_qkv_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* qkv.V.edge: from the DNF
-     * stage qkv: qkv_proj tiled
-     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+    /* qkv.V.edge: writes V; reads Wv; scratch xn1
+     * for b, h, i (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t V_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     double xw = 0.0;
                     #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
                     }
-                    V[c + dh*(i + n*(b*heads + h))] = xw;
+                    V[V_row + c] = xw;
                 }
             }
         }
     }
-    /* attn.rows: from the DNF
-     * stage attn: attention_fwd online
-     * O[b, h, i, c] = sum[j < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-     *                         - max[j2 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-     *                             - max[j4 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j5 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-     *                            - max[j7 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
+    /* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs
+     * for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd),
+     *     j_tile / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1686,6 +1743,7 @@ void block_fwd_composed_f64(
                 double row_sum_7 = 0.0;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = dh*(j + n*(b*heads + h));
                         double qk_0 = 0.0;
                         double qk_1 = 0.0;
                         double qk_2 = 0.0;
@@ -1696,14 +1754,14 @@ void block_fwd_composed_f64(
                         double qk_7 = 0.0;
                         #pragma omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7)
                         for (int64_t c = 0; c < dh; ++c) {
-                            qk_0 += Q[c + dh*(8*i_tile + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_1 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 1)] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_2 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 2)] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_3 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 3)] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_4 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 4)] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_5 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 5)] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_6 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 6)] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_7 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 7)] * K[c + dh*(j + n*(b*heads + h))];
+                            qk_0 += Q[c + dh*(8*i_tile + n*(b*heads + h))] * K[K_row + c];
+                            qk_1 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                            qk_2 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                            qk_3 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
+                            qk_4 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 4)] * K[K_row + c];
+                            qk_5 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 5)] * K[K_row + c];
+                            qk_6 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 6)] * K[K_row + c];
+                            qk_7 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 7)] * K[K_row + c];
                         }
                         attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
                         attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
@@ -1799,6 +1857,8 @@ void block_fwd_composed_f64(
                         attn[c + dh*(8*i_tile + n*(b*heads + h) + 7)] = attn[c + dh*(8*i_tile + n*(b*heads + h) + 7)] * rescale_7;
                     }
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+                        const int64_t V_row0 = dh*(2*j_tile + n*(b*heads + h));
+                        const int64_t V_row1 = dh*(2*j_tile + n*(b*heads + h) + 1);
                         const double t_0_0 = attn_probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
                         const double t_0_1 = attn_probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64];
                         const double t_0_2 = attn_probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128];
@@ -1817,19 +1877,20 @@ void block_fwd_composed_f64(
                         const double t_1_7 = attn_probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 449];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(8*i_tile + n*(b*heads + h))] += t_0_0 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_0 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_1 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_2 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_3 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 4)] += t_0_4 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_4 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 5)] += t_0_5 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_5 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 6)] += t_0_6 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_6 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 7)] += t_0_7 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_7 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 4)] += t_0_4 * V[V_row0 + c] + t_1_4 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 5)] += t_0_5 * V[V_row0 + c] + t_1_5 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 6)] += t_0_6 * V[V_row0 + c] + t_1_6 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 7)] += t_0_7 * V[V_row0 + c] + t_1_7 * V[V_row1 + c];
                         }
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        const double t_02 = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const double t_12 = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+                        const int64_t V_row = dh*(j + n*(b*heads + h));
+                        const double t_0b = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const double t_1b = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
                         const double t_2 = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
                         const double t_3 = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
                         const double t_4 = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
@@ -1838,14 +1899,14 @@ void block_fwd_composed_f64(
                         const double t_7 = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(8*i_tile + n*(b*heads + h))] += t_02 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 1)] += t_12 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 2)] += t_2 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 3)] += t_3 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 4)] += t_4 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 5)] += t_5 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 6)] += t_6 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 7)] += t_7 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 2)] += t_2 * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 3)] += t_3 * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 4)] += t_4 * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 5)] += t_5 * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 6)] += t_6 * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 7)] += t_7 * V[V_row + c];
                         }
                     }
                     row_max_0 = new_max_0;
@@ -1879,42 +1940,9 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* attn.rows.edge: from the DNF
-     * stage attn: attention_fwd online
-     * O[b, h, i, c] = sum[j < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-     *                         - max[j2 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-     *                             - max[j4 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j5 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-     *                            - max[j7 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
+    /* attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs
+     * for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd), j_tile /
+     *     c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1928,10 +1956,11 @@ void block_fwd_composed_f64(
                 double row_sum = 0.0;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = dh*(j + n*(b*heads + h));
                         double qk = 0.0;
                         #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < dh; ++c) {
-                            qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+                            qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
                         }
                         attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
                     }
@@ -1957,18 +1986,21 @@ void block_fwd_composed_f64(
                         attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
                     }
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+                        const int64_t V_row0 = dh*(2*j_tile + n*(b*heads + h));
+                        const int64_t V_row1 = dh*(2*j_tile + n*(b*heads + h) + 1);
                         const double t_0 = attn_probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
                         const double t_1 = attn_probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(i + n*(b*heads + h))] += t_0 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
+                            attn[c + dh*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c];
                         }
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t V_row = dh*(j + n*(b*heads + h));
                         const double t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(i + n*(b*heads + h))] += t * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
                         }
                     }
                     row_max = new_max;
@@ -1981,41 +2013,38 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* out.Y.pack_Wo: from the DNF
-     * stage out: out_proj tiled
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* out.Y.pack_Wo: reads Wo; scratch out_Wo_panel
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t out_Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
+                    out_Wo_panel[out_Wo_panel_row + lane] = Wo[Wo_row + lane];
                 }
             }
         }
     }
     block_fwd_composed_f64_out_Y(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* out.Y.pointwise: from the DNF
-     * stage out: out_proj tiled
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* out.Y.pointwise: writes resid; reads x
+     * for b, i (parallel) / m (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t resid_row = dm*(b*n + i);
             #pragma omp simd
             for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
-                resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + resid[dm*(b*n + i) + m];
+                resid[resid_row + m] = x[dm*(b*n + i) + m] + resid[resid_row + m];
             }
         }
     }
-    /* out.Y.edge: from the DNF
-     * stage out: out_proj tiled
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* out.Y.edge: writes resid; reads attn, Wo, x
+     * for b, i (parallel) / m / h / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2023,10 +2052,11 @@ void block_fwd_composed_f64(
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
                 double heads_sum = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t attn_row = dh*(i + n*(b*heads + h));
                     double ow = 0.0;
                     #pragma omp simd reduction(+:ow)
                     for (int64_t c = 0; c < dh; ++c) {
-                        ow += attn[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
+                        ow += attn[attn_row + c] * Wo[dm*(c + dh*h) + m];
                     }
                     heads_sum += ow;
                 }
@@ -2034,10 +2064,8 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* norm2.rows: from the DNF
-     * stage norm2: rmsnorm_fwd dnf
-     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* norm2.rows: writes inv_rms2; reads resid, norm2; scratch xn2
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2054,23 +2082,22 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* mlp.U.pack_Wg: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* mlp.U.pack_Wg: reads Wg; scratch mlp_Wg_panel
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t mlp_Wg_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
+                mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
             }
         }
     }
     block_fwd_composed_f64_mlp_U(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* mlp.U.edge: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* mlp.U.edge: writes U; reads Wg; scratch xn2
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2085,36 +2112,35 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* mlp.H.pack_Wu: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+                mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
             }
         }
     }
     block_fwd_composed_f64_mlp_H(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* mlp.H.pointwise: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.H.pointwise: reads U; scratch mlp_H
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t mlp_H_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_H[dff*(b*n + i) + e];
+                mlp_H[mlp_H_row + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_H[mlp_H_row + e];
             }
         }
     }
-    /* mlp.H.edge: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2129,23 +2155,22 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* mlp.F.pack_Wd: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* mlp.F.pack_Wd: reads Wd; scratch mlp_Wd_panel
+     * for c_tile (parallel) / e / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            const int64_t mlp_Wd_panel_row = 8*c_tile*dff + 8*e;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
+                mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[8*c_tile + dm*e + lane];
             }
         }
     }
     block_fwd_composed_f64_mlp_F(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* mlp.F.edge: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* mlp.F.edge: reads Wd; scratch mlp_out, mlp_H
+     * for b, i (parallel) / c / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2160,9 +2185,8 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* add.y: from the DNF
-     * stage add: residual_add dnf
-     * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    /* add.y: writes y; reads resid; scratch mlp_out
+     * for b, i (parallel) / m (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2219,15 +2243,20 @@ static void block_fwd_composed_f32_qkv_Q(
     float scale
 )
 {
-    /* qkv.Q: from the DNF
-     * stage qkv: qkv_proj tiled
-     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+    /* qkv.Q: writes Q; scratch xn1, qkv_Wq_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
                 for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     float acc_0_0 = 0.0f;
                     float acc_0_1 = 0.0f;
                     float acc_0_2 = 0.0f;
@@ -2277,54 +2306,54 @@ static void block_fwd_composed_f32_qkv_Q(
                     float acc_5_6 = 0.0f;
                     float acc_5_7 = 0.0f;
                     for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
                     }
                     Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                     Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -2424,15 +2453,20 @@ static void block_fwd_composed_f32_qkv_K(
     float scale
 )
 {
-    /* qkv.K: from the DNF
-     * stage qkv: qkv_proj tiled
-     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+    /* qkv.K: writes K; scratch xn1, qkv_Wk_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
                 for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     float acc_0_0 = 0.0f;
                     float acc_0_1 = 0.0f;
                     float acc_0_2 = 0.0f;
@@ -2482,54 +2516,54 @@ static void block_fwd_composed_f32_qkv_K(
                     float acc_5_6 = 0.0f;
                     float acc_5_7 = 0.0f;
                     for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
                     }
                     K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                     K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -2629,15 +2663,20 @@ static void block_fwd_composed_f32_qkv_V(
     float scale
 )
 {
-    /* qkv.V: from the DNF
-     * stage qkv: qkv_proj tiled
-     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+    /* qkv.V: writes V; scratch xn1, qkv_Wv_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
                 for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     float acc_0_0 = 0.0f;
                     float acc_0_1 = 0.0f;
                     float acc_0_2 = 0.0f;
@@ -2687,54 +2726,54 @@ static void block_fwd_composed_f32_qkv_V(
                     float acc_5_6 = 0.0f;
                     float acc_5_7 = 0.0f;
                     for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
                     }
                     V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                     V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -2834,10 +2873,8 @@ static void block_fwd_composed_f32_out_Y(
     float scale
 )
 {
-    /* out.Y: from the DNF
-     * stage out: out_proj tiled
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* out.Y: writes resid; reads attn; scratch out_Wo_panel
+     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2892,55 +2929,61 @@ static void block_fwd_composed_f32_out_Y(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t attn_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t attn_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t attn_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t attn_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t attn_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
                     }
                 }
                 resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -3040,14 +3083,19 @@ static void block_fwd_composed_f32_mlp_U(
     float scale
 )
 {
-    /* mlp.U: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* mlp.U: writes U; scratch xn2, mlp_Wg_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -3097,54 +3145,54 @@ static void block_fwd_composed_f32_mlp_U(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
                 }
                 U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -3243,14 +3291,19 @@ static void block_fwd_composed_f32_mlp_H(
     float scale
 )
 {
-    /* mlp.H: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -3300,54 +3353,54 @@ static void block_fwd_composed_f32_mlp_H(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
                 }
                 mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -3446,14 +3499,19 @@ static void block_fwd_composed_f32_mlp_F(
     float scale
 )
 {
-    /* mlp.F: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* mlp.F: scratch mlp_out, mlp_H, mlp_Wd_panel
+     * for b, c_tile (parallel) / i_tile / e (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t mlp_H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t mlp_H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t mlp_H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t mlp_H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t mlp_H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -3503,54 +3561,54 @@ static void block_fwd_composed_f32_mlp_F(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t e = 0; e < dff; ++e) {
-                    acc_0_0 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                    acc_0_1 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_0_2 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_0_3 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_0_4 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_0_5 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_0_6 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_0_7 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_1_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                    acc_1_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_1_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_1_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_1_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_1_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_1_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_1_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_2_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                    acc_2_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_2_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_2_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_2_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_2_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_2_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_2_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_3_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                    acc_3_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_3_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_3_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_3_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_3_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_3_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_3_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_4_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                    acc_4_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_4_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_4_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_4_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_4_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_4_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_4_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_5_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                    acc_5_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_5_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_5_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_5_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_5_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_5_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_5_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                    acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_0_4 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_0_5 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_0_6 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_0_7 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                    acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_1_4 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_1_5 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_1_6 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_1_7 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_2_0 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                    acc_2_1 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_2_2 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_2_3 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_2_4 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_2_5 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_2_6 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_2_7 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_3_0 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                    acc_3_1 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_3_2 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_3_3 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_3_4 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_3_5 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_3_6 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_3_7 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_4_0 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                    acc_4_1 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_4_2 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_4_3 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_4_4 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_4_5 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_4_6 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_4_7 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_5_0 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                    acc_5_1 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_5_2 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_5_3 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_5_4 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_5_5 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_5_6 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_5_7 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
                 }
                 mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                 mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -3648,10 +3706,8 @@ void block_fwd_composed_f32(
     float scale
 )
 {
-    /* norm1.rows: from the DNF
-     * stage norm1: rmsnorm_fwd dnf
-     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* norm1.rows: writes inv_rms1; reads x, norm1; scratch xn1
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3668,147 +3724,117 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* qkv.Q.pack_Wq: from the DNF
-     * stage qkv: qkv_proj tiled
-     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+    /* qkv.Q.pack_Wq: reads Wq; scratch qkv_Wq_panel
+     * for h (parallel) / c_tile / m / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                const int64_t qkv_Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
+                    qkv_Wq_panel[qkv_Wq_panel_row + lane] = Wq[Wq_row + lane];
                 }
             }
         }
     }
     block_fwd_composed_f32_qkv_Q(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* qkv.Q.edge: from the DNF
-     * stage qkv: qkv_proj tiled
-     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+    /* qkv.Q.edge: writes Q; reads Wq; scratch xn1
+     * for b, h, i (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t Q_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     float xw = 0.0f;
                     #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
                     }
-                    Q[c + dh*(i + n*(b*heads + h))] = xw;
+                    Q[Q_row + c] = xw;
                 }
             }
         }
     }
-    /* qkv.K.pack_Wk: from the DNF
-     * stage qkv: qkv_proj tiled
-     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+    /* qkv.K.pack_Wk: reads Wk; scratch qkv_Wk_panel
+     * for h (parallel) / c_tile / m / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                const int64_t qkv_Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t Wk_row = 8*c_tile + dh*(h + heads*m);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
+                    qkv_Wk_panel[qkv_Wk_panel_row + lane] = Wk[Wk_row + lane];
                 }
             }
         }
     }
     block_fwd_composed_f32_qkv_K(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* qkv.K.edge: from the DNF
-     * stage qkv: qkv_proj tiled
-     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+    /* qkv.K.edge: writes K; reads Wk; scratch xn1
+     * for b, h, i (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t K_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     float xw = 0.0f;
                     #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
                     }
-                    K[c + dh*(i + n*(b*heads + h))] = xw;
+                    K[K_row + c] = xw;
                 }
             }
         }
     }
-    /* qkv.V.pack_Wv: from the DNF
-     * stage qkv: qkv_proj tiled
-     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+    /* qkv.V.pack_Wv: reads Wv; scratch qkv_Wv_panel
+     * for h (parallel) / c_tile / m / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                const int64_t qkv_Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
+                    qkv_Wv_panel[qkv_Wv_panel_row + lane] = Wv[Wv_row + lane];
                 }
             }
         }
     }
     block_fwd_composed_f32_qkv_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* qkv.V.edge: from the DNF
-     * stage qkv: qkv_proj tiled
-     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+    /* qkv.V.edge: writes V; reads Wv; scratch xn1
+     * for b, h, i (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t V_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     float xw = 0.0f;
                     #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
                     }
-                    V[c + dh*(i + n*(b*heads + h))] = xw;
+                    V[V_row + c] = xw;
                 }
             }
         }
     }
-    /* attn.rows: from the DNF
-     * stage attn: attention_fwd online
-     * O[b, h, i, c] = sum[j < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-     *                         - max[j2 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-     *                             - max[j4 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j5 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-     *                            - max[j7 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
+    /* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs
+     * for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd),
+     *     j_tile / c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3843,6 +3869,7 @@ void block_fwd_composed_f32(
                 float row_sum_7 = 0.0f;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = dh*(j + n*(b*heads + h));
                         float qk_0 = 0.0f;
                         float qk_1 = 0.0f;
                         float qk_2 = 0.0f;
@@ -3853,14 +3880,14 @@ void block_fwd_composed_f32(
                         float qk_7 = 0.0f;
                         #pragma omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7)
                         for (int64_t c = 0; c < dh; ++c) {
-                            qk_0 += Q[c + dh*(8*i_tile + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_1 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 1)] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_2 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 2)] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_3 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 3)] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_4 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 4)] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_5 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 5)] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_6 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 6)] * K[c + dh*(j + n*(b*heads + h))];
-                            qk_7 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 7)] * K[c + dh*(j + n*(b*heads + h))];
+                            qk_0 += Q[c + dh*(8*i_tile + n*(b*heads + h))] * K[K_row + c];
+                            qk_1 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                            qk_2 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                            qk_3 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
+                            qk_4 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 4)] * K[K_row + c];
+                            qk_5 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 5)] * K[K_row + c];
+                            qk_6 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 6)] * K[K_row + c];
+                            qk_7 += Q[c + dh*(8*i_tile + n*(b*heads + h) + 7)] * K[K_row + c];
                         }
                         attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
                         attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
@@ -3956,6 +3983,8 @@ void block_fwd_composed_f32(
                         attn[c + dh*(8*i_tile + n*(b*heads + h) + 7)] = attn[c + dh*(8*i_tile + n*(b*heads + h) + 7)] * rescale_7;
                     }
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+                        const int64_t V_row0 = dh*(2*j_tile + n*(b*heads + h));
+                        const int64_t V_row1 = dh*(2*j_tile + n*(b*heads + h) + 1);
                         const float t_0_0 = attn_probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
                         const float t_0_1 = attn_probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64];
                         const float t_0_2 = attn_probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128];
@@ -3974,19 +4003,20 @@ void block_fwd_composed_f32(
                         const float t_1_7 = attn_probs[512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 449];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(8*i_tile + n*(b*heads + h))] += t_0_0 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_0 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_1 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_2 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_3 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 4)] += t_0_4 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_4 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 5)] += t_0_5 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_5 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 6)] += t_0_6 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_6 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 7)] += t_0_7 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1_7 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 4)] += t_0_4 * V[V_row0 + c] + t_1_4 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 5)] += t_0_5 * V[V_row0 + c] + t_1_5 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 6)] += t_0_6 * V[V_row0 + c] + t_1_6 * V[V_row1 + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 7)] += t_0_7 * V[V_row0 + c] + t_1_7 * V[V_row1 + c];
                         }
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        const float t_02 = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-                        const float t_12 = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+                        const int64_t V_row = dh*(j + n*(b*heads + h));
+                        const float t_0b = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const float t_1b = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
                         const float t_2 = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
                         const float t_3 = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
                         const float t_4 = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256];
@@ -3995,14 +4025,14 @@ void block_fwd_composed_f32(
                         const float t_7 = attn_probs[512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(8*i_tile + n*(b*heads + h))] += t_02 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 1)] += t_12 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 2)] += t_2 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 3)] += t_3 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 4)] += t_4 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 5)] += t_5 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 6)] += t_6 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 7)] += t_7 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 2)] += t_2 * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 3)] += t_3 * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 4)] += t_4 * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 5)] += t_5 * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 6)] += t_6 * V[V_row + c];
+                            attn[c + dh*(8*i_tile + n*(b*heads + h) + 7)] += t_7 * V[V_row + c];
                         }
                     }
                     row_max_0 = new_max_0;
@@ -4036,42 +4066,9 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* attn.rows.edge: from the DNF
-     * stage attn: attention_fwd online
-     * O[b, h, i, c] = sum[j < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-     *                         - max[j2 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-     *                             - max[j4 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j5 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-     *                            - max[j7 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
+    /* attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs
+     * for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd), j_tile /
+     *     c (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
@@ -4085,10 +4082,11 @@ void block_fwd_composed_f32(
                 float row_sum = 0.0f;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = dh*(j + n*(b*heads + h));
                         float qk = 0.0f;
                         #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < dh; ++c) {
-                            qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+                            qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
                         }
                         attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
                     }
@@ -4114,18 +4112,21 @@ void block_fwd_composed_f32(
                         attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
                     }
                     for (int64_t j_tile = 32*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); ++j_tile) {
+                        const int64_t V_row0 = dh*(2*j_tile + n*(b*heads + h));
+                        const int64_t V_row1 = dh*(2*j_tile + n*(b*heads + h) + 1);
                         const float t_0 = attn_probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h)];
                         const float t_1 = attn_probs[64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(i + n*(b*heads + h))] += t_0 * V[c + dh*(2*j_tile + n*(b*heads + h))] + t_1 * V[c + dh*(2*j_tile + n*(b*heads + h) + 1)];
+                            attn[c + dh*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c];
                         }
                     }
                     for (int64_t j = 2*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 2); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t V_row = dh*(j + n*(b*heads + h));
                         const float t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(i + n*(b*heads + h))] += t * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
                         }
                     }
                     row_max = new_max;
@@ -4138,41 +4139,38 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* out.Y.pack_Wo: from the DNF
-     * stage out: out_proj tiled
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* out.Y.pack_Wo: reads Wo; scratch out_Wo_panel
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t out_Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
+                    out_Wo_panel[out_Wo_panel_row + lane] = Wo[Wo_row + lane];
                 }
             }
         }
     }
     block_fwd_composed_f32_out_Y(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* out.Y.pointwise: from the DNF
-     * stage out: out_proj tiled
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* out.Y.pointwise: writes resid; reads x
+     * for b, i (parallel) / m (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t resid_row = dm*(b*n + i);
             #pragma omp simd
             for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
-                resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + resid[dm*(b*n + i) + m];
+                resid[resid_row + m] = x[dm*(b*n + i) + m] + resid[resid_row + m];
             }
         }
     }
-    /* out.Y.edge: from the DNF
-     * stage out: out_proj tiled
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* out.Y.edge: writes resid; reads attn, Wo, x
+     * for b, i (parallel) / m / h / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -4180,10 +4178,11 @@ void block_fwd_composed_f32(
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
                 float heads_sum = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t attn_row = dh*(i + n*(b*heads + h));
                     float ow = 0.0f;
                     #pragma omp simd reduction(+:ow)
                     for (int64_t c = 0; c < dh; ++c) {
-                        ow += attn[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
+                        ow += attn[attn_row + c] * Wo[dm*(c + dh*h) + m];
                     }
                     heads_sum += ow;
                 }
@@ -4191,10 +4190,8 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* norm2.rows: from the DNF
-     * stage norm2: rmsnorm_fwd dnf
-     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* norm2.rows: writes inv_rms2; reads resid, norm2; scratch xn2
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -4211,23 +4208,22 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* mlp.U.pack_Wg: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* mlp.U.pack_Wg: reads Wg; scratch mlp_Wg_panel
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t mlp_Wg_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
+                mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
             }
         }
     }
     block_fwd_composed_f32_mlp_U(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* mlp.U.edge: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* mlp.U.edge: writes U; reads Wg; scratch xn2
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -4242,36 +4238,35 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* mlp.H.pack_Wu: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+                mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
             }
         }
     }
     block_fwd_composed_f32_mlp_H(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* mlp.H.pointwise: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.H.pointwise: reads U; scratch mlp_H
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t mlp_H_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_H[dff*(b*n + i) + e];
+                mlp_H[mlp_H_row + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_H[mlp_H_row + e];
             }
         }
     }
-    /* mlp.H.edge: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -4286,23 +4281,22 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* mlp.F.pack_Wd: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* mlp.F.pack_Wd: reads Wd; scratch mlp_Wd_panel
+     * for c_tile (parallel) / e / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            const int64_t mlp_Wd_panel_row = 8*c_tile*dff + 8*e;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
+                mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[8*c_tile + dm*e + lane];
             }
         }
     }
     block_fwd_composed_f32_mlp_F(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* mlp.F.edge: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* mlp.F.edge: reads Wd; scratch mlp_out, mlp_H
+     * for b, i (parallel) / c / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -4317,9 +4311,8 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* add.y: from the DNF
-     * stage add: residual_add dnf
-     * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    /* add.y: writes y; reads resid; scratch mlp_out
+     * for b, i (parallel) / m (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {

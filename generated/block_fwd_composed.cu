@@ -4,14 +4,67 @@
  * Schedule: norm1 = rmsnorm_fwd dnf; qkv = qkv_proj tiled; attn = attention_fwd online; out = out_proj tiled; norm2 = rmsnorm_fwd dnf; mlp = mlp_fwd tiled; add = residual_add dnf.
  * Do not edit; regenerate with: moagen emit --lang cuda block_fwd --variant composed
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * stage norm1: rmsnorm_fwd dnf
+ * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+ * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+ * stage qkv: qkv_proj tiled
+ * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+ * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+ * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+ * stage attn: attention_fwd online
+ * O[b, h, i, c] = sum[j < n](
+ *                     exp(
+ *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+ *                         - max[j2 < n](
+ *                             scale
+ *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+ *                         )
+ *                     )
+ *                     / sum[j3 < n](
+ *                         exp(
+ *                             scale
+ *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+ *                             - max[j4 < n](
+ *                                 scale
+ *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+ *                             )
+ *                         )
+ *                     )
+ *                     * (<b h j c> psi V)
+ *                 )
+ * lse[b, h, i] = max[j5 < n](
+ *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+ *                )
+ *                + log(
+ *                    sum[j6 < n](
+ *                        exp(
+ *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+ *                            - max[j7 < n](
+ *                                scale
+ *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+ *                            )
+ *                        )
+ *                    )
+ *                )
+ * stage out: out_proj tiled
+ * Y[b, i, m] = (<b i m> psi R)
+ *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+ * stage norm2: rmsnorm_fwd dnf
+ * stage mlp: mlp_fwd tiled
+ * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+ * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+ * stage add: residual_add dnf
+ * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* norm1.rows: from the DNF
- * stage norm1: rmsnorm_fwd dnf
- * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* norm1.rows: writes inv_rms1; reads x, norm1; scratch xn1
+ * for b, i (parallel) / c (simd)
  */
 __global__ void block_fwd_composed_f64_norm1_rows(
     const double *__restrict__ x,
@@ -70,9 +123,8 @@ __global__ void block_fwd_composed_f64_norm1_rows(
     }
 }
 
-/* qkv.Q.pack_Wq: from the DNF
- * stage qkv: qkv_proj tiled
- * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+/* qkv.Q.pack_Wq: reads Wq; scratch qkv_Wq_panel
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_composed_f64_qkv_Q_pack_Wq(
     const double *__restrict__ x,
@@ -122,16 +174,17 @@ __global__ void block_fwd_composed_f64_qkv_Q_pack_Wq(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t qkv_Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
+                qkv_Wq_panel[qkv_Wq_panel_row + lane] = Wq[Wq_row + lane];
             }
         }
     }
 }
 
-/* qkv.Q: from the DNF
- * stage qkv: qkv_proj tiled
- * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+/* qkv.Q: writes Q; scratch xn1, qkv_Wq_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void block_fwd_composed_f64_qkv_Q(
     const double *__restrict__ x,
@@ -182,6 +235,12 @@ __global__ void block_fwd_composed_f64_qkv_Q(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -231,54 +290,54 @@ __global__ void block_fwd_composed_f64_qkv_Q(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -331,9 +390,8 @@ __global__ void block_fwd_composed_f64_qkv_Q(
     }
 }
 
-/* qkv.Q.edge: from the DNF
- * stage qkv: qkv_proj tiled
- * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+/* qkv.Q.edge: writes Q; reads Wq; scratch xn1
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_composed_f64_qkv_Q_edge(
     const double *__restrict__ x,
@@ -383,18 +441,18 @@ __global__ void block_fwd_composed_f64_qkv_Q_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t Q_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         double xw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
         }
-        Q[c + dh*(i + n*(b*heads + h))] = xw;
+        Q[Q_row + c] = xw;
     }
 }
 
-/* qkv.K.pack_Wk: from the DNF
- * stage qkv: qkv_proj tiled
- * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+/* qkv.K.pack_Wk: reads Wk; scratch qkv_Wk_panel
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_composed_f64_qkv_K_pack_Wk(
     const double *__restrict__ x,
@@ -444,16 +502,17 @@ __global__ void block_fwd_composed_f64_qkv_K_pack_Wk(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t qkv_Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t Wk_row = 8*c_tile + dh*(h + heads*m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
+                qkv_Wk_panel[qkv_Wk_panel_row + lane] = Wk[Wk_row + lane];
             }
         }
     }
 }
 
-/* qkv.K: from the DNF
- * stage qkv: qkv_proj tiled
- * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+/* qkv.K: writes K; scratch xn1, qkv_Wk_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void block_fwd_composed_f64_qkv_K(
     const double *__restrict__ x,
@@ -504,6 +563,12 @@ __global__ void block_fwd_composed_f64_qkv_K(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -553,54 +618,54 @@ __global__ void block_fwd_composed_f64_qkv_K(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -653,9 +718,8 @@ __global__ void block_fwd_composed_f64_qkv_K(
     }
 }
 
-/* qkv.K.edge: from the DNF
- * stage qkv: qkv_proj tiled
- * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+/* qkv.K.edge: writes K; reads Wk; scratch xn1
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_composed_f64_qkv_K_edge(
     const double *__restrict__ x,
@@ -705,18 +769,18 @@ __global__ void block_fwd_composed_f64_qkv_K_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t K_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         double xw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
         }
-        K[c + dh*(i + n*(b*heads + h))] = xw;
+        K[K_row + c] = xw;
     }
 }
 
-/* qkv.V.pack_Wv: from the DNF
- * stage qkv: qkv_proj tiled
- * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+/* qkv.V.pack_Wv: reads Wv; scratch qkv_Wv_panel
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_composed_f64_qkv_V_pack_Wv(
     const double *__restrict__ x,
@@ -766,16 +830,17 @@ __global__ void block_fwd_composed_f64_qkv_V_pack_Wv(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t qkv_Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
+                qkv_Wv_panel[qkv_Wv_panel_row + lane] = Wv[Wv_row + lane];
             }
         }
     }
 }
 
-/* qkv.V: from the DNF
- * stage qkv: qkv_proj tiled
- * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+/* qkv.V: writes V; scratch xn1, qkv_Wv_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void block_fwd_composed_f64_qkv_V(
     const double *__restrict__ x,
@@ -826,6 +891,12 @@ __global__ void block_fwd_composed_f64_qkv_V(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -875,54 +946,54 @@ __global__ void block_fwd_composed_f64_qkv_V(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -975,9 +1046,8 @@ __global__ void block_fwd_composed_f64_qkv_V(
     }
 }
 
-/* qkv.V.edge: from the DNF
- * stage qkv: qkv_proj tiled
- * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+/* qkv.V.edge: writes V; reads Wv; scratch xn1
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_composed_f64_qkv_V_edge(
     const double *__restrict__ x,
@@ -1027,51 +1097,18 @@ __global__ void block_fwd_composed_f64_qkv_V_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t V_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         double xw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
         }
-        V[c + dh*(i + n*(b*heads + h))] = xw;
+        V[V_row + c] = xw;
     }
 }
 
-/* attn.rows: from the DNF
- * stage attn: attention_fwd online
- * O[b, h, i, c] = sum[j < n](
- *                     exp(
- *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
- *                         - max[j2 < n](
- *                             scale
- *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
- *                         )
- *                     )
- *                     / sum[j3 < n](
- *                         exp(
- *                             scale
- *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
- *                             - max[j4 < n](
- *                                 scale
- *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
- *                             )
- *                         )
- *                     )
- *                     * (<b h j c> psi V)
- *                 )
- * lse[b, h, i] = max[j5 < n](
- *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
- *                )
- *                + log(
- *                    sum[j6 < n](
- *                        exp(
- *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
- *                            - max[j7 < n](
- *                                scale
- *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
- *                            )
- *                        )
- *                    )
- *                )
+/* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs
+ * for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void block_fwd_composed_f64_attn_rows(
     const double *__restrict__ x,
@@ -1137,15 +1174,16 @@ __global__ void block_fwd_composed_f64_attn_rows(
     double row_sum_3 = 0.0;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = dh*(j + n*(b*heads + h));
             double qk_0 = 0.0;
             double qk_1 = 0.0;
             double qk_2 = 0.0;
             double qk_3 = 0.0;
             for (int64_t c = 0; c < dh; ++c) {
-                qk_0 += Q[c + dh*(4*i_tile + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
-                qk_1 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * K[c + dh*(j + n*(b*heads + h))];
-                qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[c + dh*(j + n*(b*heads + h))];
-                qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[c + dh*(j + n*(b*heads + h))];
+                qk_0 += Q[c + dh*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
+                qk_1 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
             attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
             attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
@@ -1197,6 +1235,10 @@ __global__ void block_fwd_composed_f64_attn_rows(
             attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t V_row0 = dh*(4*j_tile + n*(b*heads + h));
+            const int64_t V_row1 = dh*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t V_row2 = dh*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t V_row3 = dh*(4*j_tile + n*(b*heads + h) + 3);
             const double t_0_0 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const double t_0_1 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
             const double t_0_2 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
@@ -1214,22 +1256,23 @@ __global__ void block_fwd_composed_f64_attn_rows(
             const double t_3_2 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
             const double t_3_3 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
             for (int64_t c = 0; c < dh; ++c) {
-                attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
+                attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c] + t_2_0 * V[V_row2 + c] + t_3_0 * V[V_row3 + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c] + t_2_1 * V[V_row2 + c] + t_3_1 * V[V_row3 + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c] + t_2_2 * V[V_row2 + c] + t_3_2 * V[V_row3 + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c] + t_2_3 * V[V_row2 + c] + t_3_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const double t_02 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t_12 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const double t_22 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const double t_32 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const int64_t V_row = dh*(j + n*(b*heads + h));
+            const double t_0b = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t_1b = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            const double t_2b = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            const double t_3b = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
             for (int64_t c = 0; c < dh; ++c) {
-                attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_02 * V[c + dh*(j + n*(b*heads + h))];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_12 * V[c + dh*(j + n*(b*heads + h))];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_22 * V[c + dh*(j + n*(b*heads + h))];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_32 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_2b * V[V_row + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_3b * V[V_row + c];
             }
         }
         row_max_0 = new_max_0;
@@ -1249,42 +1292,8 @@ __global__ void block_fwd_composed_f64_attn_rows(
     lse[4*i_tile + n*(b*heads + h) + 3] = row_max_3 + log(row_sum_3);
 }
 
-/* attn.rows.edge: from the DNF
- * stage attn: attention_fwd online
- * O[b, h, i, c] = sum[j < n](
- *                     exp(
- *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
- *                         - max[j2 < n](
- *                             scale
- *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
- *                         )
- *                     )
- *                     / sum[j3 < n](
- *                         exp(
- *                             scale
- *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
- *                             - max[j4 < n](
- *                                 scale
- *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
- *                             )
- *                         )
- *                     )
- *                     * (<b h j c> psi V)
- *                 )
- * lse[b, h, i] = max[j5 < n](
- *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
- *                )
- *                + log(
- *                    sum[j6 < n](
- *                        exp(
- *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
- *                            - max[j7 < n](
- *                                scale
- *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
- *                            )
- *                        )
- *                    )
- *                )
+/* attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs
+ * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void block_fwd_composed_f64_attn_rows_edge(
     const double *__restrict__ x,
@@ -1341,9 +1350,10 @@ __global__ void block_fwd_composed_f64_attn_rows_edge(
     double row_sum = 0.0;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = dh*(j + n*(b*heads + h));
             double qk = 0.0;
             for (int64_t c = 0; c < dh; ++c) {
-                qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+                qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
             }
             attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
         }
@@ -1365,18 +1375,23 @@ __global__ void block_fwd_composed_f64_attn_rows_edge(
             attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t V_row0 = dh*(4*j_tile + n*(b*heads + h));
+            const int64_t V_row1 = dh*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t V_row2 = dh*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t V_row3 = dh*(4*j_tile + n*(b*heads + h) + 3);
             const double t_0 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const double t_1 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
             const double t_2 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
             const double t_3 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
             for (int64_t c = 0; c < dh; ++c) {
-                attn[c + dh*(i + n*(b*heads + h))] += t_0 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
+                attn[c + dh*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c] + t_2 * V[V_row2 + c] + t_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t V_row = dh*(j + n*(b*heads + h));
             const double t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
             for (int64_t c = 0; c < dh; ++c) {
-                attn[c + dh*(i + n*(b*heads + h))] += t * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
             }
         }
         row_max = new_max;
@@ -1387,10 +1402,8 @@ __global__ void block_fwd_composed_f64_attn_rows_edge(
     lse[i + n*(b*heads + h)] = row_max + log(row_sum);
 }
 
-/* out.Y.pack_Wo: from the DNF
- * stage out: out_proj tiled
- * Y[b, i, m] = (<b i m> psi R)
- *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+/* out.Y.pack_Wo: reads Wo; scratch out_Wo_panel
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void block_fwd_composed_f64_out_Y_pack_Wo(
     const double *__restrict__ x,
@@ -1440,17 +1453,17 @@ __global__ void block_fwd_composed_f64_out_Y_pack_Wo(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t out_Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
+                out_Wo_panel[out_Wo_panel_row + lane] = Wo[Wo_row + lane];
             }
         }
     }
 }
 
-/* out.Y: from the DNF
- * stage out: out_proj tiled
- * Y[b, i, m] = (<b i m> psi R)
- *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+/* out.Y: writes resid; reads attn; scratch out_Wo_panel
+ * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
  */
 __global__ void block_fwd_composed_f64_out_Y(
     const double *__restrict__ x,
@@ -1549,55 +1562,61 @@ __global__ void block_fwd_composed_f64_out_Y(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t h = 0; h < heads; ++h) {
+            const int64_t attn_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t attn_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t attn_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t attn_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t attn_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_0_4 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_0_5 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_0_6 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_0_7 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_1_4 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_1_5 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_1_6 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_1_7 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_2_0 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_2_1 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_2_2 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_2_3 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_2_4 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_2_5 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_2_6 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_2_7 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_3_0 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_3_1 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_3_2 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_3_3 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_3_4 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_3_5 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_3_6 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_3_7 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_4_0 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_4_1 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_4_2 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_4_3 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_4_4 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_4_5 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_4_6 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_4_7 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_5_0 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_5_1 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_5_2 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_5_3 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_5_4 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_5_5 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_5_6 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_5_7 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
         resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -1651,10 +1670,8 @@ __global__ void block_fwd_composed_f64_out_Y(
     }
 }
 
-/* out.Y.pointwise: from the DNF
- * stage out: out_proj tiled
- * Y[b, i, m] = (<b i m> psi R)
- *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+/* out.Y.pointwise: writes resid; reads x
+ * for b, i (parallel) / m (simd)
  */
 __global__ void block_fwd_composed_f64_out_Y_pointwise(
     const double *__restrict__ x,
@@ -1703,15 +1720,14 @@ __global__ void block_fwd_composed_f64_out_Y_pointwise(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t resid_row = dm*(b*n + i);
     for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
-        resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + resid[dm*(b*n + i) + m];
+        resid[resid_row + m] = x[dm*(b*n + i) + m] + resid[resid_row + m];
     }
 }
 
-/* out.Y.edge: from the DNF
- * stage out: out_proj tiled
- * Y[b, i, m] = (<b i m> psi R)
- *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+/* out.Y.edge: writes resid; reads attn, Wo, x
+ * for b, i (parallel) / m / h / c (simd)
  */
 __global__ void block_fwd_composed_f64_out_Y_edge(
     const double *__restrict__ x,
@@ -1763,9 +1779,10 @@ __global__ void block_fwd_composed_f64_out_Y_edge(
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
         double heads_sum = 0.0;
         for (int64_t h = 0; h < heads; ++h) {
+            const int64_t attn_row = dh*(i + n*(b*heads + h));
             double ow = 0.0;
             for (int64_t c = 0; c < dh; ++c) {
-                ow += attn[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
+                ow += attn[attn_row + c] * Wo[dm*(c + dh*h) + m];
             }
             heads_sum += ow;
         }
@@ -1773,10 +1790,8 @@ __global__ void block_fwd_composed_f64_out_Y_edge(
     }
 }
 
-/* norm2.rows: from the DNF
- * stage norm2: rmsnorm_fwd dnf
- * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* norm2.rows: writes inv_rms2; reads resid, norm2; scratch xn2
+ * for b, i (parallel) / c (simd)
  */
 __global__ void block_fwd_composed_f64_norm2_rows(
     const double *__restrict__ x,
@@ -1835,9 +1850,8 @@ __global__ void block_fwd_composed_f64_norm2_rows(
     }
 }
 
-/* mlp.U.pack_Wg: from the DNF
- * stage mlp: mlp_fwd tiled
- * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+/* mlp.U.pack_Wg: reads Wg; scratch mlp_Wg_panel
+ * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_U_pack_Wg(
     const double *__restrict__ x,
@@ -1886,15 +1900,15 @@ __global__ void block_fwd_composed_f64_mlp_U_pack_Wg(
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
+        const int64_t mlp_Wg_panel_row = 8*c + 8*dm*e_tile;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
+            mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
         }
     }
 }
 
-/* mlp.U: from the DNF
- * stage mlp: mlp_fwd tiled
- * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+/* mlp.U: writes U; scratch xn2, mlp_Wg_panel
+ * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
 __global__ void block_fwd_composed_f64_mlp_U(
     const double *__restrict__ x,
@@ -1945,6 +1959,12 @@ __global__ void block_fwd_composed_f64_mlp_U(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             double acc_0_0 = 0.0;
             double acc_0_1 = 0.0;
             double acc_0_2 = 0.0;
@@ -1994,54 +2014,54 @@ __global__ void block_fwd_composed_f64_mlp_U(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
             }
             U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
             U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -2095,9 +2115,8 @@ __global__ void block_fwd_composed_f64_mlp_U(
     }
 }
 
-/* mlp.U.edge: from the DNF
- * stage mlp: mlp_fwd tiled
- * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+/* mlp.U.edge: writes U; reads Wg; scratch xn2
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_U_edge(
     const double *__restrict__ x,
@@ -2155,9 +2174,8 @@ __global__ void block_fwd_composed_f64_mlp_U_edge(
     }
 }
 
-/* mlp.H.pack_Wu: from the DNF
- * stage mlp: mlp_fwd tiled
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+ * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_H_pack_Wu(
     const double *__restrict__ x,
@@ -2206,15 +2224,15 @@ __global__ void block_fwd_composed_f64_mlp_H_pack_Wu(
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
+        const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
         }
     }
 }
 
-/* mlp.H: from the DNF
- * stage mlp: mlp_fwd tiled
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+ * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
 __global__ void block_fwd_composed_f64_mlp_H(
     const double *__restrict__ x,
@@ -2265,6 +2283,12 @@ __global__ void block_fwd_composed_f64_mlp_H(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             double acc_0_0 = 0.0;
             double acc_0_1 = 0.0;
             double acc_0_2 = 0.0;
@@ -2314,54 +2338,54 @@ __global__ void block_fwd_composed_f64_mlp_H(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
             }
             mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
             mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -2415,9 +2439,8 @@ __global__ void block_fwd_composed_f64_mlp_H(
     }
 }
 
-/* mlp.H.pointwise: from the DNF
- * stage mlp: mlp_fwd tiled
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.H.pointwise: reads U; scratch mlp_H
+ * for b, i (parallel) / e (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_H_pointwise(
     const double *__restrict__ x,
@@ -2466,14 +2489,14 @@ __global__ void block_fwd_composed_f64_mlp_H_pointwise(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t mlp_H_row = dff*(b*n + i);
     for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-        mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_H[dff*(b*n + i) + e];
+        mlp_H[mlp_H_row + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_H[mlp_H_row + e];
     }
 }
 
-/* mlp.H.edge: from the DNF
- * stage mlp: mlp_fwd tiled
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_H_edge(
     const double *__restrict__ x,
@@ -2531,9 +2554,8 @@ __global__ void block_fwd_composed_f64_mlp_H_edge(
     }
 }
 
-/* mlp.F.pack_Wd: from the DNF
- * stage mlp: mlp_fwd tiled
- * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+/* mlp.F.pack_Wd: reads Wd; scratch mlp_Wd_panel
+ * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_F_pack_Wd(
     const double *__restrict__ x,
@@ -2582,15 +2604,15 @@ __global__ void block_fwd_composed_f64_mlp_F_pack_Wd(
     if (tid >= ((dm) / 8)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
+        const int64_t mlp_Wd_panel_row = 8*c_tile*dff + 8*e;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
+            mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[8*c_tile + dm*e + lane];
         }
     }
 }
 
-/* mlp.F: from the DNF
- * stage mlp: mlp_fwd tiled
- * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+/* mlp.F: scratch mlp_out, mlp_H, mlp_Wd_panel
+ * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
  */
 __global__ void block_fwd_composed_f64_mlp_F(
     const double *__restrict__ x,
@@ -2641,6 +2663,12 @@ __global__ void block_fwd_composed_f64_mlp_F(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t mlp_H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t mlp_H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t mlp_H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t mlp_H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t mlp_H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             double acc_0_0 = 0.0;
             double acc_0_1 = 0.0;
             double acc_0_2 = 0.0;
@@ -2690,54 +2718,54 @@ __global__ void block_fwd_composed_f64_mlp_F(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_0_4 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_0_5 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_0_6 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_0_7 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_1_4 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_1_5 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_1_6 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_1_7 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_2_0 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_2_1 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_2_2 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_2_3 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_2_4 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_2_5 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_2_6 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_2_7 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_3_0 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_3_1 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_3_2 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_3_3 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_3_4 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_3_5 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_3_6 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_3_7 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_4_0 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_4_1 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_4_2 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_4_3 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_4_4 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_4_5 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_4_6 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_4_7 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_5_0 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_5_1 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_5_2 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_5_3 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_5_4 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_5_5 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_5_6 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_5_7 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
             }
             mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
             mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -2791,9 +2819,8 @@ __global__ void block_fwd_composed_f64_mlp_F(
     }
 }
 
-/* mlp.F.edge: from the DNF
- * stage mlp: mlp_fwd tiled
- * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+/* mlp.F.edge: reads Wd; scratch mlp_out, mlp_H
+ * for b, i (parallel) / c / e (simd)
  */
 __global__ void block_fwd_composed_f64_mlp_F_edge(
     const double *__restrict__ x,
@@ -2851,9 +2878,8 @@ __global__ void block_fwd_composed_f64_mlp_F_edge(
     }
 }
 
-/* add.y: from the DNF
- * stage add: residual_add dnf
- * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+/* add.y: writes y; reads resid; scratch mlp_out
+ * for b, i (parallel) / m (simd)
  */
 __global__ void block_fwd_composed_f64_add_y(
     const double *__restrict__ x,
@@ -2952,198 +2978,197 @@ extern "C" int block_fwd_composed_f64(
     double scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f64_norm1_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_fwd_composed_f64_qkv_Q_pack_Wq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         block_fwd_composed_f64_qkv_Q<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_fwd_composed_f64_qkv_Q_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_fwd_composed_f64_qkv_K_pack_Wk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         block_fwd_composed_f64_qkv_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_fwd_composed_f64_qkv_K_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_fwd_composed_f64_qkv_V_pack_Wv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         block_fwd_composed_f64_qkv_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_fwd_composed_f64_qkv_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((n) / 4);
+        const int64_t count = batch*heads*((n) / 4), threads = 128;
         block_fwd_composed_f64_attn_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*(n - 4*((n) / 4));
+        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         block_fwd_composed_f64_attn_rows_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_fwd_composed_f64_out_Y_pack_Wo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dm) / 8);
+        const int64_t count = batch*((dm) / 8), threads = 128;
         block_fwd_composed_f64_out_Y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f64_out_Y_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f64_out_Y_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f64_norm2_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_fwd_composed_f64_mlp_U_pack_Wg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         block_fwd_composed_f64_mlp_U<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f64_mlp_U_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_fwd_composed_f64_mlp_H_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         block_fwd_composed_f64_mlp_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f64_mlp_H_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f64_mlp_H_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_fwd_composed_f64_mlp_F_pack_Wd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         block_fwd_composed_f64_mlp_F<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f64_mlp_F_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f64_add_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
@@ -3152,10 +3177,8 @@ extern "C" int block_fwd_composed_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* norm1.rows: from the DNF
- * stage norm1: rmsnorm_fwd dnf
- * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* norm1.rows: writes inv_rms1; reads x, norm1; scratch xn1
+ * for b, i (parallel) / c (simd)
  */
 __global__ void block_fwd_composed_f32_norm1_rows(
     const float *__restrict__ x,
@@ -3214,9 +3237,8 @@ __global__ void block_fwd_composed_f32_norm1_rows(
     }
 }
 
-/* qkv.Q.pack_Wq: from the DNF
- * stage qkv: qkv_proj tiled
- * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+/* qkv.Q.pack_Wq: reads Wq; scratch qkv_Wq_panel
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_composed_f32_qkv_Q_pack_Wq(
     const float *__restrict__ x,
@@ -3266,16 +3288,17 @@ __global__ void block_fwd_composed_f32_qkv_Q_pack_Wq(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t qkv_Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
+                qkv_Wq_panel[qkv_Wq_panel_row + lane] = Wq[Wq_row + lane];
             }
         }
     }
 }
 
-/* qkv.Q: from the DNF
- * stage qkv: qkv_proj tiled
- * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+/* qkv.Q: writes Q; scratch xn1, qkv_Wq_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void block_fwd_composed_f32_qkv_Q(
     const float *__restrict__ x,
@@ -3326,6 +3349,12 @@ __global__ void block_fwd_composed_f32_qkv_Q(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -3375,54 +3404,54 @@ __global__ void block_fwd_composed_f32_qkv_Q(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -3475,9 +3504,8 @@ __global__ void block_fwd_composed_f32_qkv_Q(
     }
 }
 
-/* qkv.Q.edge: from the DNF
- * stage qkv: qkv_proj tiled
- * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+/* qkv.Q.edge: writes Q; reads Wq; scratch xn1
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_composed_f32_qkv_Q_edge(
     const float *__restrict__ x,
@@ -3527,18 +3555,18 @@ __global__ void block_fwd_composed_f32_qkv_Q_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t Q_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         float xw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
         }
-        Q[c + dh*(i + n*(b*heads + h))] = xw;
+        Q[Q_row + c] = xw;
     }
 }
 
-/* qkv.K.pack_Wk: from the DNF
- * stage qkv: qkv_proj tiled
- * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+/* qkv.K.pack_Wk: reads Wk; scratch qkv_Wk_panel
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_composed_f32_qkv_K_pack_Wk(
     const float *__restrict__ x,
@@ -3588,16 +3616,17 @@ __global__ void block_fwd_composed_f32_qkv_K_pack_Wk(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t qkv_Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t Wk_row = 8*c_tile + dh*(h + heads*m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
+                qkv_Wk_panel[qkv_Wk_panel_row + lane] = Wk[Wk_row + lane];
             }
         }
     }
 }
 
-/* qkv.K: from the DNF
- * stage qkv: qkv_proj tiled
- * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+/* qkv.K: writes K; scratch xn1, qkv_Wk_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void block_fwd_composed_f32_qkv_K(
     const float *__restrict__ x,
@@ -3648,6 +3677,12 @@ __global__ void block_fwd_composed_f32_qkv_K(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -3697,54 +3732,54 @@ __global__ void block_fwd_composed_f32_qkv_K(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -3797,9 +3832,8 @@ __global__ void block_fwd_composed_f32_qkv_K(
     }
 }
 
-/* qkv.K.edge: from the DNF
- * stage qkv: qkv_proj tiled
- * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+/* qkv.K.edge: writes K; reads Wk; scratch xn1
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_composed_f32_qkv_K_edge(
     const float *__restrict__ x,
@@ -3849,18 +3883,18 @@ __global__ void block_fwd_composed_f32_qkv_K_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t K_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         float xw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
         }
-        K[c + dh*(i + n*(b*heads + h))] = xw;
+        K[K_row + c] = xw;
     }
 }
 
-/* qkv.V.pack_Wv: from the DNF
- * stage qkv: qkv_proj tiled
- * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+/* qkv.V.pack_Wv: reads Wv; scratch qkv_Wv_panel
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void block_fwd_composed_f32_qkv_V_pack_Wv(
     const float *__restrict__ x,
@@ -3910,16 +3944,17 @@ __global__ void block_fwd_composed_f32_qkv_V_pack_Wv(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t qkv_Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
+                qkv_Wv_panel[qkv_Wv_panel_row + lane] = Wv[Wv_row + lane];
             }
         }
     }
 }
 
-/* qkv.V: from the DNF
- * stage qkv: qkv_proj tiled
- * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+/* qkv.V: writes V; scratch xn1, qkv_Wv_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void block_fwd_composed_f32_qkv_V(
     const float *__restrict__ x,
@@ -3970,6 +4005,12 @@ __global__ void block_fwd_composed_f32_qkv_V(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -4019,54 +4060,54 @@ __global__ void block_fwd_composed_f32_qkv_V(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -4119,9 +4160,8 @@ __global__ void block_fwd_composed_f32_qkv_V(
     }
 }
 
-/* qkv.V.edge: from the DNF
- * stage qkv: qkv_proj tiled
- * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+/* qkv.V.edge: writes V; reads Wv; scratch xn1
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void block_fwd_composed_f32_qkv_V_edge(
     const float *__restrict__ x,
@@ -4171,51 +4211,18 @@ __global__ void block_fwd_composed_f32_qkv_V_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t V_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         float xw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
         }
-        V[c + dh*(i + n*(b*heads + h))] = xw;
+        V[V_row + c] = xw;
     }
 }
 
-/* attn.rows: from the DNF
- * stage attn: attention_fwd online
- * O[b, h, i, c] = sum[j < n](
- *                     exp(
- *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
- *                         - max[j2 < n](
- *                             scale
- *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
- *                         )
- *                     )
- *                     / sum[j3 < n](
- *                         exp(
- *                             scale
- *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
- *                             - max[j4 < n](
- *                                 scale
- *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
- *                             )
- *                         )
- *                     )
- *                     * (<b h j c> psi V)
- *                 )
- * lse[b, h, i] = max[j5 < n](
- *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
- *                )
- *                + log(
- *                    sum[j6 < n](
- *                        exp(
- *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
- *                            - max[j7 < n](
- *                                scale
- *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
- *                            )
- *                        )
- *                    )
- *                )
+/* attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs
+ * for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void block_fwd_composed_f32_attn_rows(
     const float *__restrict__ x,
@@ -4281,15 +4288,16 @@ __global__ void block_fwd_composed_f32_attn_rows(
     float row_sum_3 = 0.0f;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = dh*(j + n*(b*heads + h));
             float qk_0 = 0.0f;
             float qk_1 = 0.0f;
             float qk_2 = 0.0f;
             float qk_3 = 0.0f;
             for (int64_t c = 0; c < dh; ++c) {
-                qk_0 += Q[c + dh*(4*i_tile + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
-                qk_1 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * K[c + dh*(j + n*(b*heads + h))];
-                qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[c + dh*(j + n*(b*heads + h))];
-                qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[c + dh*(j + n*(b*heads + h))];
+                qk_0 += Q[c + dh*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
+                qk_1 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
             attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
             attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
@@ -4341,6 +4349,10 @@ __global__ void block_fwd_composed_f32_attn_rows(
             attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t V_row0 = dh*(4*j_tile + n*(b*heads + h));
+            const int64_t V_row1 = dh*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t V_row2 = dh*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t V_row3 = dh*(4*j_tile + n*(b*heads + h) + 3);
             const float t_0_0 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const float t_0_1 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
             const float t_0_2 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
@@ -4358,22 +4370,23 @@ __global__ void block_fwd_composed_f32_attn_rows(
             const float t_3_2 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
             const float t_3_3 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
             for (int64_t c = 0; c < dh; ++c) {
-                attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
+                attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[V_row0 + c] + t_1_0 * V[V_row1 + c] + t_2_0 * V[V_row2 + c] + t_3_0 * V[V_row3 + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[V_row0 + c] + t_1_1 * V[V_row1 + c] + t_2_1 * V[V_row2 + c] + t_3_1 * V[V_row3 + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[V_row0 + c] + t_1_2 * V[V_row1 + c] + t_2_2 * V[V_row2 + c] + t_3_2 * V[V_row3 + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[V_row0 + c] + t_1_3 * V[V_row1 + c] + t_2_3 * V[V_row2 + c] + t_3_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            const float t_02 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t_12 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
-            const float t_22 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
-            const float t_32 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            const int64_t V_row = dh*(j + n*(b*heads + h));
+            const float t_0b = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t_1b = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            const float t_2b = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            const float t_3b = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
             for (int64_t c = 0; c < dh; ++c) {
-                attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_02 * V[c + dh*(j + n*(b*heads + h))];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_12 * V[c + dh*(j + n*(b*heads + h))];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_22 * V[c + dh*(j + n*(b*heads + h))];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_32 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0b * V[V_row + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1b * V[V_row + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_2b * V[V_row + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_3b * V[V_row + c];
             }
         }
         row_max_0 = new_max_0;
@@ -4393,42 +4406,8 @@ __global__ void block_fwd_composed_f32_attn_rows(
     lse[4*i_tile + n*(b*heads + h) + 3] = row_max_3 + logf(row_sum_3);
 }
 
-/* attn.rows.edge: from the DNF
- * stage attn: attention_fwd online
- * O[b, h, i, c] = sum[j < n](
- *                     exp(
- *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
- *                         - max[j2 < n](
- *                             scale
- *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
- *                         )
- *                     )
- *                     / sum[j3 < n](
- *                         exp(
- *                             scale
- *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
- *                             - max[j4 < n](
- *                                 scale
- *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
- *                             )
- *                         )
- *                     )
- *                     * (<b h j c> psi V)
- *                 )
- * lse[b, h, i] = max[j5 < n](
- *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
- *                )
- *                + log(
- *                    sum[j6 < n](
- *                        exp(
- *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
- *                            - max[j7 < n](
- *                                scale
- *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
- *                            )
- *                        )
- *                    )
- *                )
+/* attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs
+ * for b, h, i (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
 __global__ void block_fwd_composed_f32_attn_rows_edge(
     const float *__restrict__ x,
@@ -4485,9 +4464,10 @@ __global__ void block_fwd_composed_f32_attn_rows_edge(
     float row_sum = 0.0f;
     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = dh*(j + n*(b*heads + h));
             float qk = 0.0f;
             for (int64_t c = 0; c < dh; ++c) {
-                qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+                qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
             }
             attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
         }
@@ -4509,18 +4489,23 @@ __global__ void block_fwd_composed_f32_attn_rows_edge(
             attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+            const int64_t V_row0 = dh*(4*j_tile + n*(b*heads + h));
+            const int64_t V_row1 = dh*(4*j_tile + n*(b*heads + h) + 1);
+            const int64_t V_row2 = dh*(4*j_tile + n*(b*heads + h) + 2);
+            const int64_t V_row3 = dh*(4*j_tile + n*(b*heads + h) + 3);
             const float t_0 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
             const float t_1 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
             const float t_2 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
             const float t_3 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
             for (int64_t c = 0; c < dh; ++c) {
-                attn[c + dh*(i + n*(b*heads + h))] += t_0 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
+                attn[c + dh*(i + n*(b*heads + h))] += t_0 * V[V_row0 + c] + t_1 * V[V_row1 + c] + t_2 * V[V_row2 + c] + t_3 * V[V_row3 + c];
             }
         }
         for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t V_row = dh*(j + n*(b*heads + h));
             const float t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
             for (int64_t c = 0; c < dh; ++c) {
-                attn[c + dh*(i + n*(b*heads + h))] += t * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
             }
         }
         row_max = new_max;
@@ -4531,10 +4516,8 @@ __global__ void block_fwd_composed_f32_attn_rows_edge(
     lse[i + n*(b*heads + h)] = row_max + logf(row_sum);
 }
 
-/* out.Y.pack_Wo: from the DNF
- * stage out: out_proj tiled
- * Y[b, i, m] = (<b i m> psi R)
- *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+/* out.Y.pack_Wo: reads Wo; scratch out_Wo_panel
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void block_fwd_composed_f32_out_Y_pack_Wo(
     const float *__restrict__ x,
@@ -4584,17 +4567,17 @@ __global__ void block_fwd_composed_f32_out_Y_pack_Wo(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t out_Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
+                out_Wo_panel[out_Wo_panel_row + lane] = Wo[Wo_row + lane];
             }
         }
     }
 }
 
-/* out.Y: from the DNF
- * stage out: out_proj tiled
- * Y[b, i, m] = (<b i m> psi R)
- *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+/* out.Y: writes resid; reads attn; scratch out_Wo_panel
+ * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
  */
 __global__ void block_fwd_composed_f32_out_Y(
     const float *__restrict__ x,
@@ -4693,55 +4676,61 @@ __global__ void block_fwd_composed_f32_out_Y(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
+            const int64_t attn_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t attn_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t attn_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t attn_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t attn_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_0_4 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_0_5 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_0_6 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_0_7 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_1_4 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_1_5 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_1_6 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_1_7 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_2_0 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_2_1 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_2_2 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_2_3 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_2_4 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_2_5 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_2_6 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_2_7 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_3_0 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_3_1 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_3_2 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_3_3 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_3_4 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_3_5 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_3_6 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_3_7 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_4_0 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_4_1 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_4_2 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_4_3 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_4_4 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_4_5 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_4_6 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_4_7 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_5_0 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_5_1 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_5_2 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_5_3 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_5_4 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_5_5 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_5_6 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_5_7 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
         resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -4795,10 +4784,8 @@ __global__ void block_fwd_composed_f32_out_Y(
     }
 }
 
-/* out.Y.pointwise: from the DNF
- * stage out: out_proj tiled
- * Y[b, i, m] = (<b i m> psi R)
- *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+/* out.Y.pointwise: writes resid; reads x
+ * for b, i (parallel) / m (simd)
  */
 __global__ void block_fwd_composed_f32_out_Y_pointwise(
     const float *__restrict__ x,
@@ -4847,15 +4834,14 @@ __global__ void block_fwd_composed_f32_out_Y_pointwise(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t resid_row = dm*(b*n + i);
     for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
-        resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + resid[dm*(b*n + i) + m];
+        resid[resid_row + m] = x[dm*(b*n + i) + m] + resid[resid_row + m];
     }
 }
 
-/* out.Y.edge: from the DNF
- * stage out: out_proj tiled
- * Y[b, i, m] = (<b i m> psi R)
- *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+/* out.Y.edge: writes resid; reads attn, Wo, x
+ * for b, i (parallel) / m / h / c (simd)
  */
 __global__ void block_fwd_composed_f32_out_Y_edge(
     const float *__restrict__ x,
@@ -4907,9 +4893,10 @@ __global__ void block_fwd_composed_f32_out_Y_edge(
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
         float heads_sum = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
+            const int64_t attn_row = dh*(i + n*(b*heads + h));
             float ow = 0.0f;
             for (int64_t c = 0; c < dh; ++c) {
-                ow += attn[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
+                ow += attn[attn_row + c] * Wo[dm*(c + dh*h) + m];
             }
             heads_sum += ow;
         }
@@ -4917,10 +4904,8 @@ __global__ void block_fwd_composed_f32_out_Y_edge(
     }
 }
 
-/* norm2.rows: from the DNF
- * stage norm2: rmsnorm_fwd dnf
- * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* norm2.rows: writes inv_rms2; reads resid, norm2; scratch xn2
+ * for b, i (parallel) / c (simd)
  */
 __global__ void block_fwd_composed_f32_norm2_rows(
     const float *__restrict__ x,
@@ -4979,9 +4964,8 @@ __global__ void block_fwd_composed_f32_norm2_rows(
     }
 }
 
-/* mlp.U.pack_Wg: from the DNF
- * stage mlp: mlp_fwd tiled
- * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+/* mlp.U.pack_Wg: reads Wg; scratch mlp_Wg_panel
+ * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_U_pack_Wg(
     const float *__restrict__ x,
@@ -5030,15 +5014,15 @@ __global__ void block_fwd_composed_f32_mlp_U_pack_Wg(
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
+        const int64_t mlp_Wg_panel_row = 8*c + 8*dm*e_tile;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
+            mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
         }
     }
 }
 
-/* mlp.U: from the DNF
- * stage mlp: mlp_fwd tiled
- * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+/* mlp.U: writes U; scratch xn2, mlp_Wg_panel
+ * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
 __global__ void block_fwd_composed_f32_mlp_U(
     const float *__restrict__ x,
@@ -5089,6 +5073,12 @@ __global__ void block_fwd_composed_f32_mlp_U(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             float acc_0_0 = 0.0f;
             float acc_0_1 = 0.0f;
             float acc_0_2 = 0.0f;
@@ -5138,54 +5128,54 @@ __global__ void block_fwd_composed_f32_mlp_U(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
             }
             U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
             U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -5239,9 +5229,8 @@ __global__ void block_fwd_composed_f32_mlp_U(
     }
 }
 
-/* mlp.U.edge: from the DNF
- * stage mlp: mlp_fwd tiled
- * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+/* mlp.U.edge: writes U; reads Wg; scratch xn2
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_U_edge(
     const float *__restrict__ x,
@@ -5299,9 +5288,8 @@ __global__ void block_fwd_composed_f32_mlp_U_edge(
     }
 }
 
-/* mlp.H.pack_Wu: from the DNF
- * stage mlp: mlp_fwd tiled
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+ * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_H_pack_Wu(
     const float *__restrict__ x,
@@ -5350,15 +5338,15 @@ __global__ void block_fwd_composed_f32_mlp_H_pack_Wu(
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
+        const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
         }
     }
 }
 
-/* mlp.H: from the DNF
- * stage mlp: mlp_fwd tiled
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+ * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
 __global__ void block_fwd_composed_f32_mlp_H(
     const float *__restrict__ x,
@@ -5409,6 +5397,12 @@ __global__ void block_fwd_composed_f32_mlp_H(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             float acc_0_0 = 0.0f;
             float acc_0_1 = 0.0f;
             float acc_0_2 = 0.0f;
@@ -5458,54 +5452,54 @@ __global__ void block_fwd_composed_f32_mlp_H(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
             }
             mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
             mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -5559,9 +5553,8 @@ __global__ void block_fwd_composed_f32_mlp_H(
     }
 }
 
-/* mlp.H.pointwise: from the DNF
- * stage mlp: mlp_fwd tiled
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.H.pointwise: reads U; scratch mlp_H
+ * for b, i (parallel) / e (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_H_pointwise(
     const float *__restrict__ x,
@@ -5610,14 +5603,14 @@ __global__ void block_fwd_composed_f32_mlp_H_pointwise(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t mlp_H_row = dff*(b*n + i);
     for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-        mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_H[dff*(b*n + i) + e];
+        mlp_H[mlp_H_row + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_H[mlp_H_row + e];
     }
 }
 
-/* mlp.H.edge: from the DNF
- * stage mlp: mlp_fwd tiled
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_H_edge(
     const float *__restrict__ x,
@@ -5675,9 +5668,8 @@ __global__ void block_fwd_composed_f32_mlp_H_edge(
     }
 }
 
-/* mlp.F.pack_Wd: from the DNF
- * stage mlp: mlp_fwd tiled
- * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+/* mlp.F.pack_Wd: reads Wd; scratch mlp_Wd_panel
+ * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_F_pack_Wd(
     const float *__restrict__ x,
@@ -5726,15 +5718,15 @@ __global__ void block_fwd_composed_f32_mlp_F_pack_Wd(
     if (tid >= ((dm) / 8)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
+        const int64_t mlp_Wd_panel_row = 8*c_tile*dff + 8*e;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
+            mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[8*c_tile + dm*e + lane];
         }
     }
 }
 
-/* mlp.F: from the DNF
- * stage mlp: mlp_fwd tiled
- * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+/* mlp.F: scratch mlp_out, mlp_H, mlp_Wd_panel
+ * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
  */
 __global__ void block_fwd_composed_f32_mlp_F(
     const float *__restrict__ x,
@@ -5785,6 +5777,12 @@ __global__ void block_fwd_composed_f32_mlp_F(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t mlp_H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t mlp_H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t mlp_H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t mlp_H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t mlp_H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             float acc_0_0 = 0.0f;
             float acc_0_1 = 0.0f;
             float acc_0_2 = 0.0f;
@@ -5834,54 +5832,54 @@ __global__ void block_fwd_composed_f32_mlp_F(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_0_4 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_0_5 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_0_6 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_0_7 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_1_4 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_1_5 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_1_6 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_1_7 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_2_0 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_2_1 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_2_2 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_2_3 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_2_4 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_2_5 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_2_6 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_2_7 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_3_0 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_3_1 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_3_2 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_3_3 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_3_4 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_3_5 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_3_6 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_3_7 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_4_0 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_4_1 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_4_2 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_4_3 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_4_4 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_4_5 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_4_6 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_4_7 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_5_0 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_5_1 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_5_2 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_5_3 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_5_4 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_5_5 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_5_6 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_5_7 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
             }
             mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
             mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -5935,9 +5933,8 @@ __global__ void block_fwd_composed_f32_mlp_F(
     }
 }
 
-/* mlp.F.edge: from the DNF
- * stage mlp: mlp_fwd tiled
- * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+/* mlp.F.edge: reads Wd; scratch mlp_out, mlp_H
+ * for b, i (parallel) / c / e (simd)
  */
 __global__ void block_fwd_composed_f32_mlp_F_edge(
     const float *__restrict__ x,
@@ -5995,9 +5992,8 @@ __global__ void block_fwd_composed_f32_mlp_F_edge(
     }
 }
 
-/* add.y: from the DNF
- * stage add: residual_add dnf
- * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+/* add.y: writes y; reads resid; scratch mlp_out
+ * for b, i (parallel) / m (simd)
  */
 __global__ void block_fwd_composed_f32_add_y(
     const float *__restrict__ x,
@@ -6096,198 +6092,197 @@ extern "C" int block_fwd_composed_f32(
     float scale
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f32_norm1_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_fwd_composed_f32_qkv_Q_pack_Wq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         block_fwd_composed_f32_qkv_Q<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_fwd_composed_f32_qkv_Q_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_fwd_composed_f32_qkv_K_pack_Wk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         block_fwd_composed_f32_qkv_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_fwd_composed_f32_qkv_K_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         block_fwd_composed_f32_qkv_V_pack_Wv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         block_fwd_composed_f32_qkv_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         block_fwd_composed_f32_qkv_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((n) / 4);
+        const int64_t count = batch*heads*((n) / 4), threads = 128;
         block_fwd_composed_f32_attn_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*(n - 4*((n) / 4));
+        const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         block_fwd_composed_f32_attn_rows_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_fwd_composed_f32_out_Y_pack_Wo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dm) / 8);
+        const int64_t count = batch*((dm) / 8), threads = 128;
         block_fwd_composed_f32_out_Y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f32_out_Y_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f32_out_Y_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f32_norm2_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_fwd_composed_f32_mlp_U_pack_Wg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         block_fwd_composed_f32_mlp_U<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f32_mlp_U_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         block_fwd_composed_f32_mlp_H_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         block_fwd_composed_f32_mlp_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f32_mlp_H_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f32_mlp_H_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         block_fwd_composed_f32_mlp_F_pack_Wd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         block_fwd_composed_f32_mlp_F<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f32_mlp_F_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         block_fwd_composed_f32_add_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();

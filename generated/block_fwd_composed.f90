@@ -2,6 +2,60 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: norm1 = rmsnorm_fwd dnf; qkv = qkv_proj tiled; attn = attention_fwd online; out = out_proj tiled; norm2 = rmsnorm_fwd dnf; mlp = mlp_fwd tiled; add = residual_add dnf.
 ! Do not edit; regenerate with: moagen emit --lang fortran block_fwd --variant composed
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! stage norm1: rmsnorm_fwd dnf
+! inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+! stage qkv: qkv_proj tiled
+! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+! stage attn: attention_fwd online
+! O[b, h, i, c] = sum[j < n](
+!                     exp(
+!                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+!                         - max[j2 < n](
+!                             scale
+!                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+!                         )
+!                     )
+!                     / sum[j3 < n](
+!                         exp(
+!                             scale
+!                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+!                             - max[j4 < n](
+!                                 scale
+!                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+!                             )
+!                         )
+!                     )
+!                     * (<b h j c> psi V)
+!                 )
+! lse[b, h, i] = max[j5 < n](
+!                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+!                )
+!                + log(
+!                    sum[j6 < n](
+!                        exp(
+!                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+!                            - max[j7 < n](
+!                                scale
+!                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+!                            )
+!                        )
+!                    )
+!                )
+! stage out: out_proj tiled
+! Y[b, i, m] = (<b i m> psi R)
+!              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+! stage norm2: rmsnorm_fwd dnf
+! stage mlp: mlp_fwd tiled
+! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+! stage add: residual_add dnf
+! y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_negative_inf
@@ -49,7 +103,13 @@ contains
     real(c_double), intent(out) :: mlp_Wg_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: mlp_Wd_panel(0:((dm) / 8) * dff * 8 - 1)
-    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, j_blk, j, j_tile, m_tile, e_tile, e
+    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, j_blk, j, j_tile, m_tile, e_tile, &
+        & e, qkv_Wq_panel_row, Wq_row, xn1_row0, xn1_row1, xn1_row2, xn1_row3, xn1_row4, &
+        & xn1_row5, Q_row, qkv_Wk_panel_row, Wk_row, K_row, qkv_Wv_panel_row, Wv_row, V_row, &
+        & V_row0, V_row1, out_Wo_panel_row, Wo_row, attn_row0, attn_row1, attn_row2, attn_row3, &
+        & attn_row4, attn_row5, resid_row, attn_row, mlp_Wg_panel_row, xn2_row0, xn2_row1, &
+        & xn2_row2, xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, mlp_H_row, mlp_Wd_panel_row, &
+        & mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, mlp_H_row4, mlp_H_row5
     real(c_double) :: sum_sq, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
         & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
@@ -64,16 +124,14 @@ contains
         & rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, &
         & block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, &
         & t_0_3, t_0_4, t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, &
-        & t_1_7, t_02, t_12, t_2, t_3, t_4, t_5, t_6, t_7, row_max, row_sum, qk, block_max, &
+        & t_1_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, t_7, row_max, row_sum, qk, block_max, &
         & new_max, rescale, block_sum, t_0, t_1, t, heads_sum, ow, xg, xu, hw
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
 
-    ! norm1.rows: from the DNF
-    ! stage norm1: rmsnorm_fwd dnf
-    ! inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! norm1.rows: writes inv_rms1; reads x, norm1; scratch xn1
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -90,35 +148,42 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.Q.pack_Wq: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! qkv.Q.pack_Wq: reads Wq; scratch qkv_Wq_panel
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, qkv_Wq_panel_row, &
+    !$omp& Wq_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          qkv_Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          Wq_row = 8*c_tile + dh*(h + heads*m)
           !$omp simd
           do lane = 0, 7
-            qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wq(8*c_tile + dh*(h + &
-                & heads*m) + lane)
+            qkv_Wq_panel(qkv_Wq_panel_row + lane) = Wq(Wq_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.Q: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! qkv.Q: writes Q; scratch xn1, qkv_Wq_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, xn1_row0, xn1_row1, &
+    !$omp& xn1_row2, xn1_row3, xn1_row4, xn1_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            xn1_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            xn1_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            xn1_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            xn1_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            xn1_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            xn1_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_double
             acc_0_1 = 0.0_c_double
             acc_0_2 = 0.0_c_double
@@ -169,102 +234,102 @@ contains
             acc_5_7 = 0.0_c_double
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_0_1 = acc_0_1 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_0_2 = acc_0_2 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_0_3 = acc_0_3 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_0_4 = acc_0_4 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_0_5 = acc_0_5 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_0_6 = acc_0_6 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_0_7 = acc_0_7 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_1_0 = acc_1_0 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_1_1 = acc_1_1 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_1_2 = acc_1_2 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_1_3 = acc_1_3 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_1_4 = acc_1_4 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_1_5 = acc_1_5 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_1_6 = acc_1_6 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_1_7 = acc_1_7 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_2_0 = acc_2_0 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_2_1 = acc_2_1 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_2_2 = acc_2_2 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_2_3 = acc_2_3 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_2_4 = acc_2_4 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_2_5 = acc_2_5 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_2_6 = acc_2_6 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_2_7 = acc_2_7 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_3_0 = acc_3_0 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_3_1 = acc_3_1 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_3_2 = acc_3_2 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_3_3 = acc_3_3 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_3_4 = acc_3_4 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_3_5 = acc_3_5 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_3_6 = acc_3_6 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_3_7 = acc_3_7 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_4_0 = acc_4_0 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_4_1 = acc_4_1 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_4_2 = acc_4_2 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_4_3 = acc_4_3 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_4_4 = acc_4_4 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_4_5 = acc_4_5 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_4_6 = acc_4_6 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_4_7 = acc_4_7 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_5_0 = acc_5_0 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_5_1 = acc_5_1 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_5_2 = acc_5_2 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_5_3 = acc_5_3 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_5_4 = acc_5_4 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_5_5 = acc_5_5 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_5_6 = acc_5_6 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_5_7 = acc_5_7 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
             end do
             Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -319,54 +384,61 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.Q.edge: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, xw)
+    ! qkv.Q.edge: writes Q; reads Wq; scratch xn1
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, Q_row, xw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          Q_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_double
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + xn1(dm*(b*n + i) + m) * Wq(c + dh*(h + heads*m))
             end do
-            Q(c + dh*(i + n*(b*heads + h))) = xw
+            Q(Q_row + c) = xw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.K.pack_Wk: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! qkv.K.pack_Wk: reads Wk; scratch qkv_Wk_panel
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, qkv_Wk_panel_row, &
+    !$omp& Wk_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          qkv_Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          Wk_row = 8*c_tile + dh*(h + heads*m)
           !$omp simd
           do lane = 0, 7
-            qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wk(8*c_tile + dh*(h + &
-                & heads*m) + lane)
+            qkv_Wk_panel(qkv_Wk_panel_row + lane) = Wk(Wk_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.K: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! qkv.K: writes K; scratch xn1, qkv_Wk_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, xn1_row0, xn1_row1, &
+    !$omp& xn1_row2, xn1_row3, xn1_row4, xn1_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            xn1_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            xn1_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            xn1_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            xn1_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            xn1_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            xn1_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_double
             acc_0_1 = 0.0_c_double
             acc_0_2 = 0.0_c_double
@@ -417,102 +489,102 @@ contains
             acc_5_7 = 0.0_c_double
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_0_1 = acc_0_1 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_0_2 = acc_0_2 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_0_3 = acc_0_3 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_0_4 = acc_0_4 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_0_5 = acc_0_5 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_0_6 = acc_0_6 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_0_7 = acc_0_7 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_1_0 = acc_1_0 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_1_1 = acc_1_1 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_1_2 = acc_1_2 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_1_3 = acc_1_3 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_1_4 = acc_1_4 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_1_5 = acc_1_5 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_1_6 = acc_1_6 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_1_7 = acc_1_7 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_2_0 = acc_2_0 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_2_1 = acc_2_1 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_2_2 = acc_2_2 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_2_3 = acc_2_3 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_2_4 = acc_2_4 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_2_5 = acc_2_5 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_2_6 = acc_2_6 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_2_7 = acc_2_7 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_3_0 = acc_3_0 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_3_1 = acc_3_1 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_3_2 = acc_3_2 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_3_3 = acc_3_3 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_3_4 = acc_3_4 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_3_5 = acc_3_5 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_3_6 = acc_3_6 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_3_7 = acc_3_7 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_4_0 = acc_4_0 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_4_1 = acc_4_1 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_4_2 = acc_4_2 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_4_3 = acc_4_3 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_4_4 = acc_4_4 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_4_5 = acc_4_5 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_4_6 = acc_4_6 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_4_7 = acc_4_7 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_5_0 = acc_5_0 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_5_1 = acc_5_1 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_5_2 = acc_5_2 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_5_3 = acc_5_3 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_5_4 = acc_5_4 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_5_5 = acc_5_5 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_5_6 = acc_5_6 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_5_7 = acc_5_7 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
             end do
             K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -567,54 +639,61 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.K.edge: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, xw)
+    ! qkv.K.edge: writes K; reads Wk; scratch xn1
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, K_row, xw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          K_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_double
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + xn1(dm*(b*n + i) + m) * Wk(c + dh*(h + heads*m))
             end do
-            K(c + dh*(i + n*(b*heads + h))) = xw
+            K(K_row + c) = xw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.V.pack_Wv: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! qkv.V.pack_Wv: reads Wv; scratch qkv_Wv_panel
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, qkv_Wv_panel_row, &
+    !$omp& Wv_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          qkv_Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          Wv_row = 8*c_tile + dh*(h + heads*m)
           !$omp simd
           do lane = 0, 7
-            qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wv(8*c_tile + dh*(h + &
-                & heads*m) + lane)
+            qkv_Wv_panel(qkv_Wv_panel_row + lane) = Wv(Wv_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.V: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! qkv.V: writes V; scratch xn1, qkv_Wv_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, xn1_row0, xn1_row1, &
+    !$omp& xn1_row2, xn1_row3, xn1_row4, xn1_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            xn1_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            xn1_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            xn1_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            xn1_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            xn1_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            xn1_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_double
             acc_0_1 = 0.0_c_double
             acc_0_2 = 0.0_c_double
@@ -665,102 +744,102 @@ contains
             acc_5_7 = 0.0_c_double
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_0_1 = acc_0_1 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_0_2 = acc_0_2 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_0_3 = acc_0_3 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_0_4 = acc_0_4 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_0_5 = acc_0_5 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_0_6 = acc_0_6 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_0_7 = acc_0_7 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_1_0 = acc_1_0 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_1_1 = acc_1_1 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_1_2 = acc_1_2 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_1_3 = acc_1_3 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_1_4 = acc_1_4 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_1_5 = acc_1_5 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_1_6 = acc_1_6 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_1_7 = acc_1_7 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_2_0 = acc_2_0 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_2_1 = acc_2_1 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_2_2 = acc_2_2 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_2_3 = acc_2_3 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_2_4 = acc_2_4 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_2_5 = acc_2_5 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_2_6 = acc_2_6 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_2_7 = acc_2_7 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_3_0 = acc_3_0 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_3_1 = acc_3_1 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_3_2 = acc_3_2 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_3_3 = acc_3_3 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_3_4 = acc_3_4 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_3_5 = acc_3_5 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_3_6 = acc_3_6 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_3_7 = acc_3_7 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_4_0 = acc_4_0 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_4_1 = acc_4_1 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_4_2 = acc_4_2 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_4_3 = acc_4_3 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_4_4 = acc_4_4 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_4_5 = acc_4_5 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_4_6 = acc_4_6 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_4_7 = acc_4_7 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_5_0 = acc_5_0 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_5_1 = acc_5_1 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_5_2 = acc_5_2 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_5_3 = acc_5_3 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_5_4 = acc_5_4 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_5_5 = acc_5_5 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_5_6 = acc_5_6 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_5_7 = acc_5_7 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
             end do
             V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -815,72 +894,39 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.V.edge: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, xw)
+    ! qkv.V.edge: writes V; reads Wv; scratch xn1
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, V_row, xw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          V_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_double
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + xn1(dm*(b*n + i) + m) * Wv(c + dh*(h + heads*m))
             end do
-            V(c + dh*(i + n*(b*heads + h))) = xw
+            V(V_row + c) = xw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! attn.rows: from the DNF
-    ! stage attn: attention_fwd online
-    ! O[b, h, i, c] = sum[j < n](
-    !                     exp(
-    !                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-    !                         - max[j2 < n](
-    !                             scale
-    !                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-    !                         )
-    !                     )
-    !                     / sum[j3 < n](
-    !                         exp(
-    !                             scale
-    !                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-    !                             - max[j4 < n](
-    !                                 scale
-    !                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j5 < n](
-    !                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-    !                )
-    !                + log(
-    !                    sum[j6 < n](
-    !                        exp(
-    !                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-    !                            - max[j7 < n](
-    !                                scale
-    !                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, row_max_0, &
-    !$omp& row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, row_max_7, &
-    !$omp& row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, row_sum_6, &
-    !$omp& row_sum_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, block_max_0, block_max_1, &
-    !$omp& block_max_2, block_max_3, block_max_4, block_max_5, block_max_6, block_max_7, &
-    !$omp& new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, new_max_5, new_max_6, &
-    !$omp& new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, rescale_4, rescale_5, &
-    !$omp& rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, &
-    !$omp& block_sum_5, block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, t_0_3, t_0_4, t_0_5, &
-    !$omp& t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, t_1_7, t_02, t_12, t_2, &
-    !$omp& t_3, t_4, t_5, t_6, t_7)
+    ! attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs
+    ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd),
+    !     j_tile / c (simd)
+    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, K_row, V_row0, &
+    !$omp& V_row1, V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, &
+    !$omp& row_max_6, row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, &
+    !$omp& row_sum_5, row_sum_6, row_sum_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, &
+    !$omp& block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
+    !$omp& block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, &
+    !$omp& new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, &
+    !$omp& rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, &
+    !$omp& block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, &
+    !$omp& t_0_3, t_0_4, t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, &
+    !$omp& t_1_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, t_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 8) - 1
@@ -913,6 +959,7 @@ contains
           row_sum_7 = 0.0_c_double
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = dh*(j + n*(b*heads + h))
               qk_0 = 0.0_c_double
               qk_1 = 0.0_c_double
               qk_2 = 0.0_c_double
@@ -923,22 +970,14 @@ contains
               qk_7 = 0.0_c_double
               !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7)
               do c = 0, dh - 1
-                qk_0 = qk_0 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + &
-                    & h)))
-                qk_1 = qk_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
-                qk_2 = qk_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
-                qk_3 = qk_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
-                qk_4 = qk_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
-                qk_5 = qk_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
-                qk_6 = qk_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
-                qk_7 = qk_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
+                qk_0 = qk_0 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * K(K_row + c)
+                qk_1 = qk_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * K(K_row + c)
+                qk_2 = qk_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * K(K_row + c)
+                qk_3 = qk_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * K(K_row + c)
+                qk_4 = qk_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
+                qk_5 = qk_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
+                qk_6 = qk_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * K(K_row + c)
+                qk_7 = qk_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * K(K_row + c)
               end do
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
@@ -1073,6 +1112,8 @@ contains
                   & + h) + 7)) * rescale_7
             end do
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
+              V_row0 = dh*(2*j_tile + n*(b*heads + h))
+              V_row1 = dh*(2*j_tile + n*(b*heads + h) + 1)
               t_0_0 = attn_probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
               t_0_1 = attn_probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64)
               t_0_2 = attn_probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128)
@@ -1092,34 +1133,27 @@ contains
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(8*i_tile + n*(b*heads + h))) = attn(c + dh*(8*i_tile + n*(b*heads + &
-                    & h))) + t_0_0 * V(c + dh*(2*j_tile + n*(b*heads + h))) + t_1_0 * V(c + &
-                    & dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & h))) + t_0_0 * V(V_row0 + c) + t_1_0 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 1)) + t_0_1 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_1 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 1)) + t_0_1 * V(V_row0 + c) + t_1_1 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 2)) + t_0_2 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_2 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 2)) + t_0_2 * V(V_row0 + c) + t_1_2 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 3)) + t_0_3 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_3 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 3)) + t_0_3 * V(V_row0 + c) + t_1_3 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 4)) + t_0_4 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_4 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 4)) + t_0_4 * V(V_row0 + c) + t_1_4 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 5)) + t_0_5 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_5 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 5)) + t_0_5 * V(V_row0 + c) + t_1_5 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 6)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 6)) + t_0_6 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_6 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 6)) + t_0_6 * V(V_row0 + c) + t_1_6 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 7)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 7)) + t_0_7 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_7 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 7)) + t_0_7 * V(V_row0 + c) + t_1_7 * V(V_row1 + c)
               end do
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
-              t_02 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_12 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
+              V_row = dh*(j + n*(b*heads + h))
+              t_0b = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              t_1b = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
               t_2 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
               t_3 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
               t_4 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
@@ -1129,21 +1163,21 @@ contains
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(8*i_tile + n*(b*heads + h))) = attn(c + dh*(8*i_tile + n*(b*heads + &
-                    & h))) + t_02 * V(c + dh*(j + n*(b*heads + h)))
+                    & h))) + t_0b * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 1)) + t_12 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 1)) + t_1b * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 2)) + t_2 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 2)) + t_2 * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 3)) + t_3 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 3)) + t_3 * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 4)) + t_4 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 4)) + t_4 * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 5)) + t_5 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 5)) + t_5 * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 6)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 6)) + t_6 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 6)) + t_6 * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 7)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 7)) + t_7 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 7)) + t_7 * V(V_row + c)
               end do
             end do
             row_max_0 = new_max_0
@@ -1186,44 +1220,11 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.rows.edge: from the DNF
-    ! stage attn: attention_fwd online
-    ! O[b, h, i, c] = sum[j < n](
-    !                     exp(
-    !                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-    !                         - max[j2 < n](
-    !                             scale
-    !                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-    !                         )
-    !                     )
-    !                     / sum[j3 < n](
-    !                         exp(
-    !                             scale
-    !                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-    !                             - max[j4 < n](
-    !                                 scale
-    !                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j5 < n](
-    !                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-    !                )
-    !                + log(
-    !                    sum[j6 < n](
-    !                        exp(
-    !                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-    !                            - max[j7 < n](
-    !                                scale
-    !                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, row_max, &
-    !$omp& row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t)
+    ! attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs
+    ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd), j_tile /
+    !     c (simd)
+    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, K_row, V_row0, &
+    !$omp& V_row1, V_row, row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 8*((n) / 8), n - 1
@@ -1235,10 +1236,11 @@ contains
           row_sum = 0.0_c_double
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = dh*(j + n*(b*heads + h))
               qk = 0.0_c_double
               !$omp simd reduction(+:qk)
               do c = 0, dh - 1
-                qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
+                qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(K_row + c)
               end do
               attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
             end do
@@ -1265,21 +1267,23 @@ contains
               attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale
             end do
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
+              V_row0 = dh*(2*j_tile + n*(b*heads + h))
+              V_row1 = dh*(2*j_tile + n*(b*heads + h) + 1)
               t_0 = attn_probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
               t_1 = attn_probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1)
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t_0 * &
-                    & V(c + dh*(2*j_tile + n*(b*heads + h))) + t_1 * V(c + dh*(2*j_tile + &
-                    & n*(b*heads + h) + 1))
+                    & V(V_row0 + c) + t_1 * V(V_row1 + c)
               end do
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
+              V_row = dh*(j + n*(b*heads + h))
               t = attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
               !$omp simd
               do c = 0, dh - 1
-                attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * V(c &
-                    & + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * &
+                    & V(V_row + c)
               end do
             end do
             row_max = new_max
@@ -1293,32 +1297,31 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! out.Y.pack_Wo: from the DNF
-    ! stage out: out_proj tiled
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! out.Y.pack_Wo: reads Wo; scratch out_Wo_panel
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, out_Wo_panel_row, Wo_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          out_Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          Wo_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = Wo(dm*(c + dh*h) + lane + 8*m_tile)
+            out_Wo_panel(out_Wo_panel_row + lane) = Wo(Wo_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! out.Y: from the DNF
-    ! stage out: out_proj tiled
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! out.Y: writes resid; reads attn; scratch out_Wo_panel
+    ! for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, attn_row0, attn_row1, &
+    !$omp& attn_row2, attn_row3, attn_row4, attn_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, &
+    !$omp& acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, &
+    !$omp& acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
+    !$omp& acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, &
+    !$omp& acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, &
+    !$omp& acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do m_tile = 0, ((dm) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
@@ -1372,104 +1375,104 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do h = 0, heads - 1
+            attn_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            attn_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            attn_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            attn_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            attn_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            attn_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_0_1 = acc_0_1 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
             end do
           end do
           resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -1524,34 +1527,32 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! out.Y.pointwise: from the DNF
-    ! stage out: out_proj tiled
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(2) schedule(static) private(m)
+    ! out.Y.pointwise: writes resid; reads x
+    ! for b, i (parallel) / m (simd)
+    !$omp parallel do collapse(2) schedule(static) private(m, resid_row)
     do b = 0, batch - 1
       do i = 0, n - 1
+        resid_row = dm*(b*n + i)
         !$omp simd
         do m = 0, 8*((dm) / 8) - 1
-          resid(dm*(b*n + i) + m) = x(dm*(b*n + i) + m) + resid(dm*(b*n + i) + m)
+          resid(resid_row + m) = x(dm*(b*n + i) + m) + resid(resid_row + m)
         end do
       end do
     end do
     !$omp end parallel do
-    ! out.Y.edge: from the DNF
-    ! stage out: out_proj tiled
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(2) schedule(static) private(m, h, c, heads_sum, ow)
+    ! out.Y.edge: writes resid; reads attn, Wo, x
+    ! for b, i (parallel) / m / h / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(m, h, c, attn_row, heads_sum, ow)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 8*((dm) / 8), dm - 1
           heads_sum = 0.0_c_double
           do h = 0, heads - 1
+            attn_row = dh*(i + n*(b*heads + h))
             ow = 0.0_c_double
             !$omp simd reduction(+:ow)
             do c = 0, dh - 1
-              ow = ow + attn(c + dh*(i + n*(b*heads + h))) * Wo(dm*(c + dh*h) + m)
+              ow = ow + attn(attn_row + c) * Wo(dm*(c + dh*h) + m)
             end do
             heads_sum = heads_sum + ow
           end do
@@ -1560,10 +1561,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm2.rows: from the DNF
-    ! stage norm2: rmsnorm_fwd dnf
-    ! inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! norm2.rows: writes inv_rms2; reads resid, norm2; scratch xn2
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -1580,31 +1579,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.U.pack_Wg: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! mlp.U.pack_Wg: reads Wg; scratch mlp_Wg_panel
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_Wg_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        mlp_Wg_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          mlp_Wg_panel(8*c + 8*dm*e_tile + lane) = Wg(c*dff + 8*e_tile + lane)
+          mlp_Wg_panel(mlp_Wg_panel_row + lane) = Wg(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.U: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! mlp.U: writes U; scratch xn2, mlp_Wg_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, xn2_row0, xn2_row1, &
+    !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          xn2_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          xn2_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          xn2_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          xn2_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -1655,102 +1660,54 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
           end do
           U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -1804,9 +1761,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.U.edge: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    ! mlp.U.edge: writes U; reads Wg; scratch xn2
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xg)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -1821,31 +1777,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.H.pack_Wu: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_Wu_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        mlp_Wu_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          mlp_Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
+          mlp_Wu_panel(mlp_Wu_panel_row + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.H: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, xn2_row0, xn2_row1, &
+    !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          xn2_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          xn2_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          xn2_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          xn2_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -1896,102 +1858,54 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
           end do
           mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -2045,23 +1959,22 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.H.pointwise: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(e)
+    ! mlp.H.pointwise: reads U; scratch mlp_H
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, mlp_H_row)
     do b = 0, batch - 1
       do i = 0, n - 1
+        mlp_H_row = dff*(b*n + i)
         !$omp simd
         do e = 0, 8*((dff) / 8) - 1
-          mlp_H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) &
-              & + e))) * mlp_H(dff*(b*n + i) + e)
+          mlp_H(mlp_H_row + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) + &
+              & e))) * mlp_H(mlp_H_row + e)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.H.edge: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    ! mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -2077,31 +1990,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.F.pack_Wd: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    ! mlp.F.pack_Wd: reads Wd; scratch mlp_Wd_panel
+    ! for c_tile (parallel) / e / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(e, lane, mlp_Wd_panel_row)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        mlp_Wd_panel_row = 8*c_tile*dff + 8*e
         !$omp simd
         do lane = 0, 7
-          mlp_Wd_panel(8*c_tile*dff + 8*e + lane) = Wd(8*c_tile + dm*e + lane)
+          mlp_Wd_panel(mlp_Wd_panel_row + lane) = Wd(8*c_tile + dm*e + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.F: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! mlp.F: scratch mlp_out, mlp_H, mlp_Wd_panel
+    ! for b, c_tile (parallel) / i_tile / e (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, mlp_H_row0, mlp_H_row1, &
+    !$omp& mlp_H_row2, mlp_H_row3, mlp_H_row4, mlp_H_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, &
+    !$omp& acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, &
+    !$omp& acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
+    !$omp& acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, &
+    !$omp& acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, &
+    !$omp& acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do c_tile = 0, ((dm) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          mlp_H_row0 = dff*(b*n + min(6*i_tile, n - 1))
+          mlp_H_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+          mlp_H_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+          mlp_H_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+          mlp_H_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+          mlp_H_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -2152,102 +2071,54 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e)
-            acc_0_1 = acc_0_1 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_0_2 = acc_0_2 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_0_3 = acc_0_3 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_0_4 = acc_0_4 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_0_5 = acc_0_5 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_0_6 = acc_0_6 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_0_7 = acc_0_7 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_1_0 = acc_1_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e)
-            acc_1_1 = acc_1_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_1_2 = acc_1_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_1_3 = acc_1_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_1_4 = acc_1_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_1_5 = acc_1_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_1_6 = acc_1_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_1_7 = acc_1_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_2_0 = acc_2_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e)
-            acc_2_1 = acc_2_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_2_2 = acc_2_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_2_3 = acc_2_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_2_4 = acc_2_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_2_5 = acc_2_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_2_6 = acc_2_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_2_7 = acc_2_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_3_0 = acc_3_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e)
-            acc_3_1 = acc_3_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_3_2 = acc_3_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_3_3 = acc_3_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_3_4 = acc_3_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_3_5 = acc_3_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_3_6 = acc_3_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_3_7 = acc_3_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_4_0 = acc_4_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e)
-            acc_4_1 = acc_4_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_4_2 = acc_4_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_4_3 = acc_4_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_4_4 = acc_4_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_4_5 = acc_4_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_4_6 = acc_4_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_4_7 = acc_4_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_5_0 = acc_5_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e)
-            acc_5_1 = acc_5_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_5_2 = acc_5_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_5_3 = acc_5_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_5_4 = acc_5_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_5_5 = acc_5_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_5_6 = acc_5_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_5_7 = acc_5_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_0_0 = acc_0_0 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
+            acc_0_1 = acc_0_1 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_0_2 = acc_0_2 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_0_3 = acc_0_3 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_0_4 = acc_0_4 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_0_5 = acc_0_5 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_0_6 = acc_0_6 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_0_7 = acc_0_7 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_1_0 = acc_1_0 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
+            acc_1_1 = acc_1_1 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_1_2 = acc_1_2 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_1_3 = acc_1_3 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_1_4 = acc_1_4 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_1_5 = acc_1_5 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_1_6 = acc_1_6 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_1_7 = acc_1_7 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_2_0 = acc_2_0 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
+            acc_2_1 = acc_2_1 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_2_2 = acc_2_2 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_2_3 = acc_2_3 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_2_4 = acc_2_4 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_2_5 = acc_2_5 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_2_6 = acc_2_6 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_2_7 = acc_2_7 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_3_0 = acc_3_0 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
+            acc_3_1 = acc_3_1 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_3_2 = acc_3_2 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_3_3 = acc_3_3 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_3_4 = acc_3_4 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_3_5 = acc_3_5 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_3_6 = acc_3_6 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_3_7 = acc_3_7 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_4_0 = acc_4_0 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
+            acc_4_1 = acc_4_1 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_4_2 = acc_4_2 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_4_3 = acc_4_3 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_4_4 = acc_4_4 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_4_5 = acc_4_5 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_4_6 = acc_4_6 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_4_7 = acc_4_7 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_5_0 = acc_5_0 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
+            acc_5_1 = acc_5_1 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_5_2 = acc_5_2 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_5_3 = acc_5_3 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_5_4 = acc_5_4 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_5_5 = acc_5_5 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_5_6 = acc_5_6 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_5_7 = acc_5_7 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
           end do
           mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
           mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -2301,9 +2172,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.F.edge: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    ! mlp.F.edge: reads Wd; scratch mlp_out, mlp_H
+    ! for b, i (parallel) / c / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, e, hw)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -2318,9 +2188,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! add.y: from the DNF
-    ! stage add: residual_add dnf
-    ! y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    ! add.y: writes y; reads resid; scratch mlp_out
+    ! for b, i (parallel) / m (simd)
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -2372,7 +2241,13 @@ contains
     real(c_float), intent(out) :: mlp_Wg_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: mlp_Wd_panel(0:((dm) / 8) * dff * 8 - 1)
-    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, j_blk, j, j_tile, m_tile, e_tile, e
+    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, j_blk, j, j_tile, m_tile, e_tile, &
+        & e, qkv_Wq_panel_row, Wq_row, xn1_row0, xn1_row1, xn1_row2, xn1_row3, xn1_row4, &
+        & xn1_row5, Q_row, qkv_Wk_panel_row, Wk_row, K_row, qkv_Wv_panel_row, Wv_row, V_row, &
+        & V_row0, V_row1, out_Wo_panel_row, Wo_row, attn_row0, attn_row1, attn_row2, attn_row3, &
+        & attn_row4, attn_row5, resid_row, attn_row, mlp_Wg_panel_row, xn2_row0, xn2_row1, &
+        & xn2_row2, xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, mlp_H_row, mlp_Wd_panel_row, &
+        & mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, mlp_H_row4, mlp_H_row5
     real(c_float) :: sum_sq, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
         & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
@@ -2387,16 +2262,14 @@ contains
         & rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, &
         & block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, &
         & t_0_3, t_0_4, t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, &
-        & t_1_7, t_02, t_12, t_2, t_3, t_4, t_5, t_6, t_7, row_max, row_sum, qk, block_max, &
+        & t_1_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, t_7, row_max, row_sum, qk, block_max, &
         & new_max, rescale, block_sum, t_0, t_1, t, heads_sum, ow, xg, xu, hw
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
 
-    ! norm1.rows: from the DNF
-    ! stage norm1: rmsnorm_fwd dnf
-    ! inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! norm1.rows: writes inv_rms1; reads x, norm1; scratch xn1
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -2413,35 +2286,42 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.Q.pack_Wq: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! qkv.Q.pack_Wq: reads Wq; scratch qkv_Wq_panel
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, qkv_Wq_panel_row, &
+    !$omp& Wq_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          qkv_Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          Wq_row = 8*c_tile + dh*(h + heads*m)
           !$omp simd
           do lane = 0, 7
-            qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wq(8*c_tile + dh*(h + &
-                & heads*m) + lane)
+            qkv_Wq_panel(qkv_Wq_panel_row + lane) = Wq(Wq_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.Q: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! qkv.Q: writes Q; scratch xn1, qkv_Wq_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, xn1_row0, xn1_row1, &
+    !$omp& xn1_row2, xn1_row3, xn1_row4, xn1_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            xn1_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            xn1_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            xn1_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            xn1_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            xn1_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            xn1_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_float
             acc_0_1 = 0.0_c_float
             acc_0_2 = 0.0_c_float
@@ -2492,102 +2372,102 @@ contains
             acc_5_7 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_0_1 = acc_0_1 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_0_2 = acc_0_2 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_0_3 = acc_0_3 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_0_4 = acc_0_4 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_0_5 = acc_0_5 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_0_6 = acc_0_6 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_0_7 = acc_0_7 + xn1(xn1_row0 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_1_0 = acc_1_0 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_1_1 = acc_1_1 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_1_2 = acc_1_2 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_1_3 = acc_1_3 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_1_4 = acc_1_4 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_1_5 = acc_1_5 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_1_6 = acc_1_6 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_1_7 = acc_1_7 + xn1(xn1_row1 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_2_0 = acc_2_0 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_2_1 = acc_2_1 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_2_2 = acc_2_2 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_2_3 = acc_2_3 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_2_4 = acc_2_4 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_2_5 = acc_2_5 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_2_6 = acc_2_6 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_2_7 = acc_2_7 + xn1(xn1_row2 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_3_0 = acc_3_0 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_3_1 = acc_3_1 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_3_2 = acc_3_2 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_3_3 = acc_3_3 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_3_4 = acc_3_4 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_3_5 = acc_3_5 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_3_6 = acc_3_6 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_3_7 = acc_3_7 + xn1(xn1_row3 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_4_0 = acc_4_0 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_4_1 = acc_4_1 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_4_2 = acc_4_2 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_4_3 = acc_4_3 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_4_4 = acc_4_4 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_4_5 = acc_4_5 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_4_6 = acc_4_6 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_4_7 = acc_4_7 + xn1(xn1_row4 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_5_0 = acc_5_0 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_5_1 = acc_5_1 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_5_2 = acc_5_2 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_5_3 = acc_5_3 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_5_4 = acc_5_4 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_5_5 = acc_5_5 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_5_6 = acc_5_6 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_5_7 = acc_5_7 + xn1(xn1_row5 + m) * qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
             end do
             Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -2642,54 +2522,61 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.Q.edge: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, xw)
+    ! qkv.Q.edge: writes Q; reads Wq; scratch xn1
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, Q_row, xw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          Q_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_float
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + xn1(dm*(b*n + i) + m) * Wq(c + dh*(h + heads*m))
             end do
-            Q(c + dh*(i + n*(b*heads + h))) = xw
+            Q(Q_row + c) = xw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.K.pack_Wk: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! qkv.K.pack_Wk: reads Wk; scratch qkv_Wk_panel
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, qkv_Wk_panel_row, &
+    !$omp& Wk_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          qkv_Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          Wk_row = 8*c_tile + dh*(h + heads*m)
           !$omp simd
           do lane = 0, 7
-            qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wk(8*c_tile + dh*(h + &
-                & heads*m) + lane)
+            qkv_Wk_panel(qkv_Wk_panel_row + lane) = Wk(Wk_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.K: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! qkv.K: writes K; scratch xn1, qkv_Wk_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, xn1_row0, xn1_row1, &
+    !$omp& xn1_row2, xn1_row3, xn1_row4, xn1_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            xn1_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            xn1_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            xn1_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            xn1_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            xn1_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            xn1_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_float
             acc_0_1 = 0.0_c_float
             acc_0_2 = 0.0_c_float
@@ -2740,102 +2627,102 @@ contains
             acc_5_7 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_0_1 = acc_0_1 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_0_2 = acc_0_2 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_0_3 = acc_0_3 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_0_4 = acc_0_4 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_0_5 = acc_0_5 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_0_6 = acc_0_6 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_0_7 = acc_0_7 + xn1(xn1_row0 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_1_0 = acc_1_0 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_1_1 = acc_1_1 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_1_2 = acc_1_2 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_1_3 = acc_1_3 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_1_4 = acc_1_4 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_1_5 = acc_1_5 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_1_6 = acc_1_6 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_1_7 = acc_1_7 + xn1(xn1_row1 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_2_0 = acc_2_0 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_2_1 = acc_2_1 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_2_2 = acc_2_2 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_2_3 = acc_2_3 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_2_4 = acc_2_4 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_2_5 = acc_2_5 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_2_6 = acc_2_6 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_2_7 = acc_2_7 + xn1(xn1_row2 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_3_0 = acc_3_0 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_3_1 = acc_3_1 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_3_2 = acc_3_2 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_3_3 = acc_3_3 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_3_4 = acc_3_4 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_3_5 = acc_3_5 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_3_6 = acc_3_6 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_3_7 = acc_3_7 + xn1(xn1_row3 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_4_0 = acc_4_0 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_4_1 = acc_4_1 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_4_2 = acc_4_2 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_4_3 = acc_4_3 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_4_4 = acc_4_4 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_4_5 = acc_4_5 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_4_6 = acc_4_6 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_4_7 = acc_4_7 + xn1(xn1_row4 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_5_0 = acc_5_0 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_5_1 = acc_5_1 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_5_2 = acc_5_2 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_5_3 = acc_5_3 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_5_4 = acc_5_4 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_5_5 = acc_5_5 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_5_6 = acc_5_6 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_5_7 = acc_5_7 + xn1(xn1_row5 + m) * qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
             end do
             K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -2890,54 +2777,61 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.K.edge: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, xw)
+    ! qkv.K.edge: writes K; reads Wk; scratch xn1
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, K_row, xw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          K_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_float
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + xn1(dm*(b*n + i) + m) * Wk(c + dh*(h + heads*m))
             end do
-            K(c + dh*(i + n*(b*heads + h))) = xw
+            K(K_row + c) = xw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.V.pack_Wv: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! qkv.V.pack_Wv: reads Wv; scratch qkv_Wv_panel
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, qkv_Wv_panel_row, &
+    !$omp& Wv_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          qkv_Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          Wv_row = 8*c_tile + dh*(h + heads*m)
           !$omp simd
           do lane = 0, 7
-            qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wv(8*c_tile + dh*(h + &
-                & heads*m) + lane)
+            qkv_Wv_panel(qkv_Wv_panel_row + lane) = Wv(Wv_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! qkv.V: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! qkv.V: writes V; scratch xn1, qkv_Wv_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, xn1_row0, xn1_row1, &
+    !$omp& xn1_row2, xn1_row3, xn1_row4, xn1_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            xn1_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            xn1_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            xn1_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            xn1_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            xn1_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            xn1_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_float
             acc_0_1 = 0.0_c_float
             acc_0_2 = 0.0_c_float
@@ -2988,102 +2882,102 @@ contains
             acc_5_7 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_0_1 = acc_0_1 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_0_2 = acc_0_2 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_0_3 = acc_0_3 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_0_4 = acc_0_4 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_0_5 = acc_0_5 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_0_6 = acc_0_6 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_0_7 = acc_0_7 + xn1(xn1_row0 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_1_0 = acc_1_0 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_1_1 = acc_1_1 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_1_2 = acc_1_2 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_1_3 = acc_1_3 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_1_4 = acc_1_4 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_1_5 = acc_1_5 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_1_6 = acc_1_6 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_1_7 = acc_1_7 + xn1(xn1_row1 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_2_0 = acc_2_0 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_2_1 = acc_2_1 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_2_2 = acc_2_2 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_2_3 = acc_2_3 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_2_4 = acc_2_4 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_2_5 = acc_2_5 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_2_6 = acc_2_6 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_2_7 = acc_2_7 + xn1(xn1_row2 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_3_0 = acc_3_0 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_3_1 = acc_3_1 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_3_2 = acc_3_2 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_3_3 = acc_3_3 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_3_4 = acc_3_4 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_3_5 = acc_3_5 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_3_6 = acc_3_6 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_3_7 = acc_3_7 + xn1(xn1_row3 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_4_0 = acc_4_0 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_4_1 = acc_4_1 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_4_2 = acc_4_2 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_4_3 = acc_4_3 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_4_4 = acc_4_4 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_4_5 = acc_4_5 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_4_6 = acc_4_6 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_4_7 = acc_4_7 + xn1(xn1_row4 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
+              acc_5_0 = acc_5_0 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m)
+              acc_5_1 = acc_5_1 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 1)
+              acc_5_2 = acc_5_2 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 2)
+              acc_5_3 = acc_5_3 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 3)
+              acc_5_4 = acc_5_4 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 4)
+              acc_5_5 = acc_5_5 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 5)
+              acc_5_6 = acc_5_6 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 6)
+              acc_5_7 = acc_5_7 + xn1(xn1_row5 + m) * qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + &
+                  & 8*m + 7)
             end do
             V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -3138,72 +3032,39 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! qkv.V.edge: from the DNF
-    ! stage qkv: qkv_proj tiled
-    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, xw)
+    ! qkv.V.edge: writes V; reads Wv; scratch xn1
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, V_row, xw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          V_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_float
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + xn1(dm*(b*n + i) + m) * Wv(c + dh*(h + heads*m))
             end do
-            V(c + dh*(i + n*(b*heads + h))) = xw
+            V(V_row + c) = xw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! attn.rows: from the DNF
-    ! stage attn: attention_fwd online
-    ! O[b, h, i, c] = sum[j < n](
-    !                     exp(
-    !                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-    !                         - max[j2 < n](
-    !                             scale
-    !                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-    !                         )
-    !                     )
-    !                     / sum[j3 < n](
-    !                         exp(
-    !                             scale
-    !                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-    !                             - max[j4 < n](
-    !                                 scale
-    !                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j5 < n](
-    !                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-    !                )
-    !                + log(
-    !                    sum[j6 < n](
-    !                        exp(
-    !                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-    !                            - max[j7 < n](
-    !                                scale
-    !                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, row_max_0, &
-    !$omp& row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, row_max_7, &
-    !$omp& row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, row_sum_6, &
-    !$omp& row_sum_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, block_max_0, block_max_1, &
-    !$omp& block_max_2, block_max_3, block_max_4, block_max_5, block_max_6, block_max_7, &
-    !$omp& new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, new_max_5, new_max_6, &
-    !$omp& new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, rescale_4, rescale_5, &
-    !$omp& rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, &
-    !$omp& block_sum_5, block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, t_0_3, t_0_4, t_0_5, &
-    !$omp& t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, t_1_7, t_02, t_12, t_2, &
-    !$omp& t_3, t_4, t_5, t_6, t_7)
+    ! attn.rows: writes attn, lse; reads Q, K, V; scratch attn_probs
+    ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd),
+    !     j_tile / c (simd)
+    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, K_row, V_row0, &
+    !$omp& V_row1, V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, &
+    !$omp& row_max_6, row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, &
+    !$omp& row_sum_5, row_sum_6, row_sum_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, &
+    !$omp& block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
+    !$omp& block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, &
+    !$omp& new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, &
+    !$omp& rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, &
+    !$omp& block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, t_0_0, t_0_1, t_0_2, &
+    !$omp& t_0_3, t_0_4, t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, &
+    !$omp& t_1_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, t_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 8) - 1
@@ -3236,6 +3097,7 @@ contains
           row_sum_7 = 0.0_c_float
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = dh*(j + n*(b*heads + h))
               qk_0 = 0.0_c_float
               qk_1 = 0.0_c_float
               qk_2 = 0.0_c_float
@@ -3246,22 +3108,14 @@ contains
               qk_7 = 0.0_c_float
               !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7)
               do c = 0, dh - 1
-                qk_0 = qk_0 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + &
-                    & h)))
-                qk_1 = qk_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
-                qk_2 = qk_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
-                qk_3 = qk_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
-                qk_4 = qk_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
-                qk_5 = qk_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
-                qk_6 = qk_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
-                qk_7 = qk_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * K(c + dh*(j + &
-                    & n*(b*heads + h)))
+                qk_0 = qk_0 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * K(K_row + c)
+                qk_1 = qk_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * K(K_row + c)
+                qk_2 = qk_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * K(K_row + c)
+                qk_3 = qk_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * K(K_row + c)
+                qk_4 = qk_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * K(K_row + c)
+                qk_5 = qk_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * K(K_row + c)
+                qk_6 = qk_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * K(K_row + c)
+                qk_7 = qk_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * K(K_row + c)
               end do
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
@@ -3396,6 +3250,8 @@ contains
                   & + h) + 7)) * rescale_7
             end do
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
+              V_row0 = dh*(2*j_tile + n*(b*heads + h))
+              V_row1 = dh*(2*j_tile + n*(b*heads + h) + 1)
               t_0_0 = attn_probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
               t_0_1 = attn_probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 64)
               t_0_2 = attn_probs(512*i_tile - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 128)
@@ -3415,34 +3271,27 @@ contains
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(8*i_tile + n*(b*heads + h))) = attn(c + dh*(8*i_tile + n*(b*heads + &
-                    & h))) + t_0_0 * V(c + dh*(2*j_tile + n*(b*heads + h))) + t_1_0 * V(c + &
-                    & dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & h))) + t_0_0 * V(V_row0 + c) + t_1_0 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 1)) + t_0_1 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_1 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 1)) + t_0_1 * V(V_row0 + c) + t_1_1 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 2)) + t_0_2 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_2 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 2)) + t_0_2 * V(V_row0 + c) + t_1_2 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 3)) + t_0_3 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_3 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 3)) + t_0_3 * V(V_row0 + c) + t_1_3 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 4)) + t_0_4 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_4 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 4)) + t_0_4 * V(V_row0 + c) + t_1_4 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 5)) + t_0_5 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_5 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 5)) + t_0_5 * V(V_row0 + c) + t_1_5 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 6)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 6)) + t_0_6 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_6 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 6)) + t_0_6 * V(V_row0 + c) + t_1_6 * V(V_row1 + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 7)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 7)) + t_0_7 * V(c + dh*(2*j_tile + n*(b*heads + h))) + &
-                    & t_1_7 * V(c + dh*(2*j_tile + n*(b*heads + h) + 1))
+                    & n*(b*heads + h) + 7)) + t_0_7 * V(V_row0 + c) + t_1_7 * V(V_row1 + c)
               end do
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
-              t_02 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_12 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
+              V_row = dh*(j + n*(b*heads + h))
+              t_0b = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              t_1b = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
               t_2 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
               t_3 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
               t_4 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256)
@@ -3452,21 +3301,21 @@ contains
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(8*i_tile + n*(b*heads + h))) = attn(c + dh*(8*i_tile + n*(b*heads + &
-                    & h))) + t_02 * V(c + dh*(j + n*(b*heads + h)))
+                    & h))) + t_0b * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 1)) + t_12 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 1)) + t_1b * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 2)) + t_2 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 2)) + t_2 * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 3)) + t_3 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 3)) + t_3 * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 4)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 4)) + t_4 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 4)) + t_4 * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 5)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 5)) + t_5 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 5)) + t_5 * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 6)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 6)) + t_6 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 6)) + t_6 * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 7)) = attn(c + dh*(8*i_tile + &
-                    & n*(b*heads + h) + 7)) + t_7 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 7)) + t_7 * V(V_row + c)
               end do
             end do
             row_max_0 = new_max_0
@@ -3509,44 +3358,11 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.rows.edge: from the DNF
-    ! stage attn: attention_fwd online
-    ! O[b, h, i, c] = sum[j < n](
-    !                     exp(
-    !                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-    !                         - max[j2 < n](
-    !                             scale
-    !                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-    !                         )
-    !                     )
-    !                     / sum[j3 < n](
-    !                         exp(
-    !                             scale
-    !                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-    !                             - max[j4 < n](
-    !                                 scale
-    !                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-    !                             )
-    !                         )
-    !                     )
-    !                     * (<b h j c> psi V)
-    !                 )
-    ! lse[b, h, i] = max[j5 < n](
-    !                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-    !                )
-    !                + log(
-    !                    sum[j6 < n](
-    !                        exp(
-    !                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-    !                            - max[j7 < n](
-    !                                scale
-    !                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-    !                            )
-    !                        )
-    !                    )
-    !                )
-    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, row_max, &
-    !$omp& row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t)
+    ! attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs
+    ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd), j_tile /
+    !     c (simd)
+    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, K_row, V_row0, &
+    !$omp& V_row1, V_row, row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 8*((n) / 8), n - 1
@@ -3558,10 +3374,11 @@ contains
           row_sum = 0.0_c_float
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              K_row = dh*(j + n*(b*heads + h))
               qk = 0.0_c_float
               !$omp simd reduction(+:qk)
               do c = 0, dh - 1
-                qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
+                qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(K_row + c)
               end do
               attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
             end do
@@ -3588,21 +3405,23 @@ contains
               attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale
             end do
             do j_tile = 32*j_blk, ((min(n, 64*j_blk + 64)) / 2) - 1
+              V_row0 = dh*(2*j_tile + n*(b*heads + h))
+              V_row1 = dh*(2*j_tile + n*(b*heads + h) + 1)
               t_0 = attn_probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h))
               t_1 = attn_probs(64*i - 64*j_blk + 2*j_tile + 64*n*(b*heads + h) + 1)
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t_0 * &
-                    & V(c + dh*(2*j_tile + n*(b*heads + h))) + t_1 * V(c + dh*(2*j_tile + &
-                    & n*(b*heads + h) + 1))
+                    & V(V_row0 + c) + t_1 * V(V_row1 + c)
               end do
             end do
             do j = 2*((min(n, 64*j_blk + 64)) / 2), min(n, 64*j_blk + 64) - 1
+              V_row = dh*(j + n*(b*heads + h))
               t = attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
               !$omp simd
               do c = 0, dh - 1
-                attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * V(c &
-                    & + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * &
+                    & V(V_row + c)
               end do
             end do
             row_max = new_max
@@ -3616,32 +3435,31 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! out.Y.pack_Wo: from the DNF
-    ! stage out: out_proj tiled
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! out.Y.pack_Wo: reads Wo; scratch out_Wo_panel
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, out_Wo_panel_row, Wo_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          out_Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          Wo_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = Wo(dm*(c + dh*h) + lane + 8*m_tile)
+            out_Wo_panel(out_Wo_panel_row + lane) = Wo(Wo_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! out.Y: from the DNF
-    ! stage out: out_proj tiled
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! out.Y: writes resid; reads attn; scratch out_Wo_panel
+    ! for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, attn_row0, attn_row1, &
+    !$omp& attn_row2, attn_row3, attn_row4, attn_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, &
+    !$omp& acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, &
+    !$omp& acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
+    !$omp& acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, &
+    !$omp& acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, &
+    !$omp& acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do m_tile = 0, ((dm) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
@@ -3695,104 +3513,104 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do h = 0, heads - 1
+            attn_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            attn_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            attn_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            attn_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            attn_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            attn_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_0_1 = acc_0_1 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + attn(attn_row0 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + attn(attn_row1 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + attn(attn_row2 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + attn(attn_row3 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + attn(attn_row4 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + attn(attn_row5 + c) * out_Wo_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
             end do
           end do
           resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -3847,34 +3665,32 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! out.Y.pointwise: from the DNF
-    ! stage out: out_proj tiled
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(2) schedule(static) private(m)
+    ! out.Y.pointwise: writes resid; reads x
+    ! for b, i (parallel) / m (simd)
+    !$omp parallel do collapse(2) schedule(static) private(m, resid_row)
     do b = 0, batch - 1
       do i = 0, n - 1
+        resid_row = dm*(b*n + i)
         !$omp simd
         do m = 0, 8*((dm) / 8) - 1
-          resid(dm*(b*n + i) + m) = x(dm*(b*n + i) + m) + resid(dm*(b*n + i) + m)
+          resid(resid_row + m) = x(dm*(b*n + i) + m) + resid(resid_row + m)
         end do
       end do
     end do
     !$omp end parallel do
-    ! out.Y.edge: from the DNF
-    ! stage out: out_proj tiled
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(2) schedule(static) private(m, h, c, heads_sum, ow)
+    ! out.Y.edge: writes resid; reads attn, Wo, x
+    ! for b, i (parallel) / m / h / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(m, h, c, attn_row, heads_sum, ow)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 8*((dm) / 8), dm - 1
           heads_sum = 0.0_c_float
           do h = 0, heads - 1
+            attn_row = dh*(i + n*(b*heads + h))
             ow = 0.0_c_float
             !$omp simd reduction(+:ow)
             do c = 0, dh - 1
-              ow = ow + attn(c + dh*(i + n*(b*heads + h))) * Wo(dm*(c + dh*h) + m)
+              ow = ow + attn(attn_row + c) * Wo(dm*(c + dh*h) + m)
             end do
             heads_sum = heads_sum + ow
           end do
@@ -3883,10 +3699,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm2.rows: from the DNF
-    ! stage norm2: rmsnorm_fwd dnf
-    ! inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! norm2.rows: writes inv_rms2; reads resid, norm2; scratch xn2
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -3903,31 +3717,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.U.pack_Wg: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! mlp.U.pack_Wg: reads Wg; scratch mlp_Wg_panel
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_Wg_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        mlp_Wg_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          mlp_Wg_panel(8*c + 8*dm*e_tile + lane) = Wg(c*dff + 8*e_tile + lane)
+          mlp_Wg_panel(mlp_Wg_panel_row + lane) = Wg(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.U: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! mlp.U: writes U; scratch xn2, mlp_Wg_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, xn2_row0, xn2_row1, &
+    !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          xn2_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          xn2_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          xn2_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          xn2_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -3978,102 +3798,54 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
           end do
           U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -4127,9 +3899,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.U.edge: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    ! mlp.U.edge: writes U; reads Wg; scratch xn2
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xg)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -4144,31 +3915,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.H.pack_Wu: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_Wu_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        mlp_Wu_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          mlp_Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
+          mlp_Wu_panel(mlp_Wu_panel_row + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.H: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, xn2_row0, xn2_row1, &
+    !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          xn2_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          xn2_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          xn2_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          xn2_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -4219,102 +3996,54 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
           end do
           mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -4368,23 +4097,22 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.H.pointwise: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(e)
+    ! mlp.H.pointwise: reads U; scratch mlp_H
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, mlp_H_row)
     do b = 0, batch - 1
       do i = 0, n - 1
+        mlp_H_row = dff*(b*n + i)
         !$omp simd
         do e = 0, 8*((dff) / 8) - 1
-          mlp_H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
-              & e))) * mlp_H(dff*(b*n + i) + e)
+          mlp_H(mlp_H_row + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
+              & e))) * mlp_H(mlp_H_row + e)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.H.edge: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    ! mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -4400,31 +4128,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.F.pack_Wd: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    ! mlp.F.pack_Wd: reads Wd; scratch mlp_Wd_panel
+    ! for c_tile (parallel) / e / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(e, lane, mlp_Wd_panel_row)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        mlp_Wd_panel_row = 8*c_tile*dff + 8*e
         !$omp simd
         do lane = 0, 7
-          mlp_Wd_panel(8*c_tile*dff + 8*e + lane) = Wd(8*c_tile + dm*e + lane)
+          mlp_Wd_panel(mlp_Wd_panel_row + lane) = Wd(8*c_tile + dm*e + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.F: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! mlp.F: scratch mlp_out, mlp_H, mlp_Wd_panel
+    ! for b, c_tile (parallel) / i_tile / e (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, mlp_H_row0, mlp_H_row1, &
+    !$omp& mlp_H_row2, mlp_H_row3, mlp_H_row4, mlp_H_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, &
+    !$omp& acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, &
+    !$omp& acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
+    !$omp& acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, &
+    !$omp& acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, &
+    !$omp& acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do c_tile = 0, ((dm) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          mlp_H_row0 = dff*(b*n + min(6*i_tile, n - 1))
+          mlp_H_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+          mlp_H_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+          mlp_H_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+          mlp_H_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+          mlp_H_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -4475,102 +4209,54 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e)
-            acc_0_1 = acc_0_1 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_0_2 = acc_0_2 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_0_3 = acc_0_3 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_0_4 = acc_0_4 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_0_5 = acc_0_5 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_0_6 = acc_0_6 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_0_7 = acc_0_7 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_1_0 = acc_1_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e)
-            acc_1_1 = acc_1_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_1_2 = acc_1_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_1_3 = acc_1_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_1_4 = acc_1_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_1_5 = acc_1_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_1_6 = acc_1_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_1_7 = acc_1_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_2_0 = acc_2_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e)
-            acc_2_1 = acc_2_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_2_2 = acc_2_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_2_3 = acc_2_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_2_4 = acc_2_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_2_5 = acc_2_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_2_6 = acc_2_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_2_7 = acc_2_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_3_0 = acc_3_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e)
-            acc_3_1 = acc_3_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_3_2 = acc_3_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_3_3 = acc_3_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_3_4 = acc_3_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_3_5 = acc_3_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_3_6 = acc_3_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_3_7 = acc_3_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_4_0 = acc_4_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e)
-            acc_4_1 = acc_4_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_4_2 = acc_4_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_4_3 = acc_4_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_4_4 = acc_4_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_4_5 = acc_4_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_4_6 = acc_4_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_4_7 = acc_4_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_5_0 = acc_5_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e)
-            acc_5_1 = acc_5_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_5_2 = acc_5_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_5_3 = acc_5_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_5_4 = acc_5_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_5_5 = acc_5_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_5_6 = acc_5_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_5_7 = acc_5_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_0_0 = acc_0_0 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
+            acc_0_1 = acc_0_1 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_0_2 = acc_0_2 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_0_3 = acc_0_3 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_0_4 = acc_0_4 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_0_5 = acc_0_5 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_0_6 = acc_0_6 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_0_7 = acc_0_7 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_1_0 = acc_1_0 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
+            acc_1_1 = acc_1_1 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_1_2 = acc_1_2 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_1_3 = acc_1_3 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_1_4 = acc_1_4 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_1_5 = acc_1_5 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_1_6 = acc_1_6 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_1_7 = acc_1_7 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_2_0 = acc_2_0 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
+            acc_2_1 = acc_2_1 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_2_2 = acc_2_2 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_2_3 = acc_2_3 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_2_4 = acc_2_4 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_2_5 = acc_2_5 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_2_6 = acc_2_6 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_2_7 = acc_2_7 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_3_0 = acc_3_0 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
+            acc_3_1 = acc_3_1 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_3_2 = acc_3_2 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_3_3 = acc_3_3 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_3_4 = acc_3_4 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_3_5 = acc_3_5 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_3_6 = acc_3_6 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_3_7 = acc_3_7 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_4_0 = acc_4_0 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
+            acc_4_1 = acc_4_1 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_4_2 = acc_4_2 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_4_3 = acc_4_3 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_4_4 = acc_4_4 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_4_5 = acc_4_5 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_4_6 = acc_4_6 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_4_7 = acc_4_7 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_5_0 = acc_5_0 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
+            acc_5_1 = acc_5_1 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_5_2 = acc_5_2 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_5_3 = acc_5_3 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_5_4 = acc_5_4 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_5_5 = acc_5_5 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_5_6 = acc_5_6 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_5_7 = acc_5_7 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
           end do
           mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
           mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -4624,9 +4310,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.F.edge: from the DNF
-    ! stage mlp: mlp_fwd tiled
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    ! mlp.F.edge: reads Wd; scratch mlp_out, mlp_H
+    ! for b, i (parallel) / c / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, e, hw)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -4641,9 +4326,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! add.y: from the DNF
-    ! stage add: residual_add dnf
-    ! y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    ! add.y: writes y; reads resid; scratch mlp_out
+    ! for b, i (parallel) / m (simd)
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1

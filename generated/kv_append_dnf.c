@@ -4,6 +4,11 @@
  * Schedule: in_place(K_out -> K); in_place(V_out -> V); parallel(b, g); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c kv_append --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * K_out[b, g, r, c] = ((<b g c> psi k_new) if r == n else (<b g r c> psi K))
+ * V_out[b, g, r, c] = ((<b g c> psi v_new) if r == n else (<b g r c> psi V))
+ */
+
 #include <math.h>
 #include <stdint.h>
 
@@ -19,27 +24,29 @@ void kv_append_dnf_f64(
     int64_t n
 )
 {
-    /* K: from the DNF
-     * K_out[b, g, r, c] = ((<b g c> psi k_new) if r == n else (<b g r c> psi K))
+    /* K: writes K; reads k_new
+     * for b, g (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t g = 0; g < kv_heads; ++g) {
+            const int64_t K_row = d*(cap*(b*kv_heads + g) + n);
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                K[c + d*(cap*(b*kv_heads + g) + n)] = k_new[c + d*(b*kv_heads + g)];
+                K[K_row + c] = k_new[c + d*(b*kv_heads + g)];
             }
         }
     }
-    /* V: from the DNF
-     * V_out[b, g, r, c] = ((<b g c> psi v_new) if r == n else (<b g r c> psi V))
+    /* V: writes V; reads v_new
+     * for b, g (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t g = 0; g < kv_heads; ++g) {
+            const int64_t V_row = d*(cap*(b*kv_heads + g) + n);
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                V[c + d*(cap*(b*kv_heads + g) + n)] = v_new[c + d*(b*kv_heads + g)];
+                V[V_row + c] = v_new[c + d*(b*kv_heads + g)];
             }
         }
     }
@@ -57,27 +64,29 @@ void kv_append_dnf_f32(
     int64_t n
 )
 {
-    /* K: from the DNF
-     * K_out[b, g, r, c] = ((<b g c> psi k_new) if r == n else (<b g r c> psi K))
+    /* K: writes K; reads k_new
+     * for b, g (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t g = 0; g < kv_heads; ++g) {
+            const int64_t K_row = d*(cap*(b*kv_heads + g) + n);
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                K[c + d*(cap*(b*kv_heads + g) + n)] = k_new[c + d*(b*kv_heads + g)];
+                K[K_row + c] = k_new[c + d*(b*kv_heads + g)];
             }
         }
     }
-    /* V: from the DNF
-     * V_out[b, g, r, c] = ((<b g c> psi v_new) if r == n else (<b g r c> psi V))
+    /* V: writes V; reads v_new
+     * for b, g (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t g = 0; g < kv_heads; ++g) {
+            const int64_t V_row = d*(cap*(b*kv_heads + g) + n);
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                V[c + d*(cap*(b*kv_heads + g) + n)] = v_new[c + d*(b*kv_heads + g)];
+                V[V_row + c] = v_new[c + d*(b*kv_heads + g)];
             }
         }
     }

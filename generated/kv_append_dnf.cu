@@ -4,12 +4,17 @@
  * Schedule: in_place(K_out -> K); in_place(V_out -> V); gpu_threads(b, g, 128 a block); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda kv_append --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * K_out[b, g, r, c] = ((<b g c> psi k_new) if r == n else (<b g r c> psi K))
+ * V_out[b, g, r, c] = ((<b g c> psi v_new) if r == n else (<b g r c> psi V))
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* K: from the DNF
- * K_out[b, g, r, c] = ((<b g c> psi k_new) if r == n else (<b g r c> psi K))
+/* K: writes K; reads k_new
+ * for b, g (parallel) / c (simd)
  */
 __global__ void kv_append_dnf_f64_K(
     double *__restrict__ K,
@@ -27,13 +32,14 @@ __global__ void kv_append_dnf_f64_K(
     if (tid >= batch*kv_heads) return;
     const int64_t g = tid % kv_heads;
     const int64_t b = (tid / kv_heads);
+    const int64_t K_row = d*(cap*(b*kv_heads + g) + n);
     for (int64_t c = 0; c < d; ++c) {
-        K[c + d*(cap*(b*kv_heads + g) + n)] = k_new[c + d*(b*kv_heads + g)];
+        K[K_row + c] = k_new[c + d*(b*kv_heads + g)];
     }
 }
 
-/* V: from the DNF
- * V_out[b, g, r, c] = ((<b g c> psi v_new) if r == n else (<b g r c> psi V))
+/* V: writes V; reads v_new
+ * for b, g (parallel) / c (simd)
  */
 __global__ void kv_append_dnf_f64_V(
     double *__restrict__ K,
@@ -51,8 +57,9 @@ __global__ void kv_append_dnf_f64_V(
     if (tid >= batch*kv_heads) return;
     const int64_t g = tid % kv_heads;
     const int64_t b = (tid / kv_heads);
+    const int64_t V_row = d*(cap*(b*kv_heads + g) + n);
     for (int64_t c = 0; c < d; ++c) {
-        V[c + d*(cap*(b*kv_heads + g) + n)] = v_new[c + d*(b*kv_heads + g)];
+        V[V_row + c] = v_new[c + d*(b*kv_heads + g)];
     }
 }
 
@@ -70,16 +77,15 @@ extern "C" int kv_append_dnf_f64(
     int64_t n
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*kv_heads;
+        const int64_t count = batch*kv_heads, threads = 128;
         kv_append_dnf_f64_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             K, V, k_new, v_new, batch, kv_heads, cap, d, n);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*kv_heads;
+        const int64_t count = batch*kv_heads, threads = 128;
         kv_append_dnf_f64_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             K, V, k_new, v_new, batch, kv_heads, cap, d, n);
         const cudaError_t err = cudaGetLastError();
@@ -88,8 +94,8 @@ extern "C" int kv_append_dnf_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* K: from the DNF
- * K_out[b, g, r, c] = ((<b g c> psi k_new) if r == n else (<b g r c> psi K))
+/* K: writes K; reads k_new
+ * for b, g (parallel) / c (simd)
  */
 __global__ void kv_append_dnf_f32_K(
     float *__restrict__ K,
@@ -107,13 +113,14 @@ __global__ void kv_append_dnf_f32_K(
     if (tid >= batch*kv_heads) return;
     const int64_t g = tid % kv_heads;
     const int64_t b = (tid / kv_heads);
+    const int64_t K_row = d*(cap*(b*kv_heads + g) + n);
     for (int64_t c = 0; c < d; ++c) {
-        K[c + d*(cap*(b*kv_heads + g) + n)] = k_new[c + d*(b*kv_heads + g)];
+        K[K_row + c] = k_new[c + d*(b*kv_heads + g)];
     }
 }
 
-/* V: from the DNF
- * V_out[b, g, r, c] = ((<b g c> psi v_new) if r == n else (<b g r c> psi V))
+/* V: writes V; reads v_new
+ * for b, g (parallel) / c (simd)
  */
 __global__ void kv_append_dnf_f32_V(
     float *__restrict__ K,
@@ -131,8 +138,9 @@ __global__ void kv_append_dnf_f32_V(
     if (tid >= batch*kv_heads) return;
     const int64_t g = tid % kv_heads;
     const int64_t b = (tid / kv_heads);
+    const int64_t V_row = d*(cap*(b*kv_heads + g) + n);
     for (int64_t c = 0; c < d; ++c) {
-        V[c + d*(cap*(b*kv_heads + g) + n)] = v_new[c + d*(b*kv_heads + g)];
+        V[V_row + c] = v_new[c + d*(b*kv_heads + g)];
     }
 }
 
@@ -150,16 +158,15 @@ extern "C" int kv_append_dnf_f32(
     int64_t n
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*kv_heads;
+        const int64_t count = batch*kv_heads, threads = 128;
         kv_append_dnf_f32_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             K, V, k_new, v_new, batch, kv_heads, cap, d, n);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*kv_heads;
+        const int64_t count = batch*kv_heads, threads = 128;
         kv_append_dnf_f32_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             K, V, k_new, v_new, batch, kv_heads, cap, d, n);
         const cudaError_t err = cudaGetLastError();

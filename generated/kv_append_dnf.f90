@@ -2,6 +2,10 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: in_place(K_out -> K); in_place(V_out -> V); parallel(b, g); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran kv_append --variant dnf
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! K_out[b, g, r, c] = ((<b g c> psi k_new) if r == n else (<b g r c> psi K))
+! V_out[b, g, r, c] = ((<b g c> psi v_new) if r == n else (<b g r c> psi V))
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -16,28 +20,30 @@ contains
     real(c_double), intent(inout) :: V(0:batch * kv_heads * cap * d - 1)
     real(c_double), intent(in) :: k_new(0:batch * kv_heads * d - 1)
     real(c_double), intent(in) :: v_new(0:batch * kv_heads * d - 1)
-    integer(c_int64_t) :: b, g, c
+    integer(c_int64_t) :: b, g, c, K_row, V_row
 
-    ! K: from the DNF
-    ! K_out[b, g, r, c] = ((<b g c> psi k_new) if r == n else (<b g r c> psi K))
-    !$omp parallel do collapse(2) schedule(static) private(c)
+    ! K: writes K; reads k_new
+    ! for b, g (parallel) / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(c, K_row)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
+        K_row = d*(cap*(b*kv_heads + g) + n)
         !$omp simd
         do c = 0, d - 1
-          K(c + d*(cap*(b*kv_heads + g) + n)) = k_new(c + d*(b*kv_heads + g))
+          K(K_row + c) = k_new(c + d*(b*kv_heads + g))
         end do
       end do
     end do
     !$omp end parallel do
-    ! V: from the DNF
-    ! V_out[b, g, r, c] = ((<b g c> psi v_new) if r == n else (<b g r c> psi V))
-    !$omp parallel do collapse(2) schedule(static) private(c)
+    ! V: writes V; reads v_new
+    ! for b, g (parallel) / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(c, V_row)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
+        V_row = d*(cap*(b*kv_heads + g) + n)
         !$omp simd
         do c = 0, d - 1
-          V(c + d*(cap*(b*kv_heads + g) + n)) = v_new(c + d*(b*kv_heads + g))
+          V(V_row + c) = v_new(c + d*(b*kv_heads + g))
         end do
       end do
     end do
@@ -51,28 +57,30 @@ contains
     real(c_float), intent(inout) :: V(0:batch * kv_heads * cap * d - 1)
     real(c_float), intent(in) :: k_new(0:batch * kv_heads * d - 1)
     real(c_float), intent(in) :: v_new(0:batch * kv_heads * d - 1)
-    integer(c_int64_t) :: b, g, c
+    integer(c_int64_t) :: b, g, c, K_row, V_row
 
-    ! K: from the DNF
-    ! K_out[b, g, r, c] = ((<b g c> psi k_new) if r == n else (<b g r c> psi K))
-    !$omp parallel do collapse(2) schedule(static) private(c)
+    ! K: writes K; reads k_new
+    ! for b, g (parallel) / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(c, K_row)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
+        K_row = d*(cap*(b*kv_heads + g) + n)
         !$omp simd
         do c = 0, d - 1
-          K(c + d*(cap*(b*kv_heads + g) + n)) = k_new(c + d*(b*kv_heads + g))
+          K(K_row + c) = k_new(c + d*(b*kv_heads + g))
         end do
       end do
     end do
     !$omp end parallel do
-    ! V: from the DNF
-    ! V_out[b, g, r, c] = ((<b g c> psi v_new) if r == n else (<b g r c> psi V))
-    !$omp parallel do collapse(2) schedule(static) private(c)
+    ! V: writes V; reads v_new
+    ! for b, g (parallel) / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(c, V_row)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
+        V_row = d*(cap*(b*kv_heads + g) + n)
         !$omp simd
         do c = 0, d - 1
-          V(c + d*(cap*(b*kv_heads + g) + n)) = v_new(c + d*(b*kv_heads + g))
+          V(V_row + c) = v_new(c + d*(b*kv_heads + g))
         end do
       end do
     end do

@@ -4,6 +4,23 @@
  * Schedule: hoist(); parallel(b, i, nest=dH); parallel(b, i, nest=V); parallel(b, i, nest=dX); parallel(b, i, nest=dV); parallel(b, i, nest=dU); parallel(c, nest=dWg); parallel(c, nest=dWu); parallel(e, nest=dWd); parallel(c, nest=WdT); parallel(e, nest=WgT); parallel(e, nest=WuT); parallel(b, c, nest=XT); parallel(b, e, nest=HT); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c mlp_bwd --variant naive
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * WdT[c, e] = (<e c> psi Wd)
+ * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+ * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+ * WgT[e, c] = (<c e> psi Wg)
+ * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+ * WuT[e, c] = (<c e> psi Wu)
+ * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+ *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+ * XT[b, c, i] = (<b i c> psi X)
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+ * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -40,8 +57,8 @@ void mlp_bwd_naive_f64(
     int64_t dff
 )
 {
-    /* WdT: from the DNF
-     * WdT[c, e] = (<e c> psi Wd)
+    /* WdT: reads Wd; scratch WdT
+     * for c (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -50,8 +67,8 @@ void mlp_bwd_naive_f64(
             WdT[c*dff + e] = Wd[c + dm*e];
         }
     }
-    /* dH: from the DNF
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* dH: reads dF; scratch dH, WdT
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -66,8 +83,8 @@ void mlp_bwd_naive_f64(
             }
         }
     }
-    /* V: from the DNF
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* V: reads X, Wu; scratch V
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -82,21 +99,22 @@ void mlp_bwd_naive_f64(
             }
         }
     }
-    /* dU: from the DNF
-     * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+    /* dU: reads U; scratch dU, dH, V
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
-                const double t = 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e]));
-                dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0 + U[dff*(b*n + i) + e] * (1.0 - t));
+                const double t = 1.0 / (1.0 + exp(-U[U_row + e]));
+                dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0 + U[U_row + e] * (1.0 - t));
             }
         }
     }
-    /* WgT: from the DNF
-     * WgT[e, c] = (<c e> psi Wg)
+    /* WgT: reads Wg; scratch WgT
+     * for e (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -105,8 +123,8 @@ void mlp_bwd_naive_f64(
             WgT[c + dm*e] = Wg[c*dff + e];
         }
     }
-    /* dV: from the DNF
-     * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+    /* dV: reads U; scratch dV, dH
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -117,8 +135,8 @@ void mlp_bwd_naive_f64(
             }
         }
     }
-    /* WuT: from the DNF
-     * WuT[e, c] = (<c e> psi Wu)
+    /* WuT: reads Wu; scratch WuT
+     * for e (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -127,9 +145,8 @@ void mlp_bwd_naive_f64(
             WuT[c + dm*e] = Wu[c*dff + e];
         }
     }
-    /* dX: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* dX: writes dX; scratch dU, WgT, dV, WuT
+     * for b, i (parallel) / c / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -149,8 +166,8 @@ void mlp_bwd_naive_f64(
             }
         }
     }
-    /* XT: from the DNF
-     * XT[b, c, i] = (<b i c> psi X)
+    /* XT: reads X; scratch XT
+     * for b, c (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -161,8 +178,8 @@ void mlp_bwd_naive_f64(
             }
         }
     }
-    /* dWg: from the DNF
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* dWg: writes dWg; scratch XT, dU
+     * for c (parallel) / e / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -179,8 +196,8 @@ void mlp_bwd_naive_f64(
             dWg[c*dff + e] = batch_g;
         }
     }
-    /* dWu: from the DNF
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* dWu: writes dWu; scratch XT, dV
+     * for c (parallel) / e / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -197,8 +214,8 @@ void mlp_bwd_naive_f64(
             dWu[c*dff + e] = batch_u;
         }
     }
-    /* HT: from the DNF
-     * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    /* HT: reads U; scratch HT, V
+     * for b, e (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -209,8 +226,8 @@ void mlp_bwd_naive_f64(
             }
         }
     }
-    /* dWd: from the DNF
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* dWd: writes dWd; reads dF; scratch HT
+     * for e (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -255,8 +272,8 @@ void mlp_bwd_naive_f32(
     int64_t dff
 )
 {
-    /* WdT: from the DNF
-     * WdT[c, e] = (<e c> psi Wd)
+    /* WdT: reads Wd; scratch WdT
+     * for c (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -265,8 +282,8 @@ void mlp_bwd_naive_f32(
             WdT[c*dff + e] = Wd[c + dm*e];
         }
     }
-    /* dH: from the DNF
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* dH: reads dF; scratch dH, WdT
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -281,8 +298,8 @@ void mlp_bwd_naive_f32(
             }
         }
     }
-    /* V: from the DNF
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* V: reads X, Wu; scratch V
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -297,21 +314,22 @@ void mlp_bwd_naive_f32(
             }
         }
     }
-    /* dU: from the DNF
-     * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+    /* dU: reads U; scratch dU, dH, V
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
-                const float t = 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e]));
-                dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0f + U[dff*(b*n + i) + e] * (1.0f - t));
+                const float t = 1.0f / (1.0f + expf(-U[U_row + e]));
+                dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0f + U[U_row + e] * (1.0f - t));
             }
         }
     }
-    /* WgT: from the DNF
-     * WgT[e, c] = (<c e> psi Wg)
+    /* WgT: reads Wg; scratch WgT
+     * for e (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -320,8 +338,8 @@ void mlp_bwd_naive_f32(
             WgT[c + dm*e] = Wg[c*dff + e];
         }
     }
-    /* dV: from the DNF
-     * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+    /* dV: reads U; scratch dV, dH
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -332,8 +350,8 @@ void mlp_bwd_naive_f32(
             }
         }
     }
-    /* WuT: from the DNF
-     * WuT[e, c] = (<c e> psi Wu)
+    /* WuT: reads Wu; scratch WuT
+     * for e (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -342,9 +360,8 @@ void mlp_bwd_naive_f32(
             WuT[c + dm*e] = Wu[c*dff + e];
         }
     }
-    /* dX: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* dX: writes dX; scratch dU, WgT, dV, WuT
+     * for b, i (parallel) / c / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -364,8 +381,8 @@ void mlp_bwd_naive_f32(
             }
         }
     }
-    /* XT: from the DNF
-     * XT[b, c, i] = (<b i c> psi X)
+    /* XT: reads X; scratch XT
+     * for b, c (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -376,8 +393,8 @@ void mlp_bwd_naive_f32(
             }
         }
     }
-    /* dWg: from the DNF
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* dWg: writes dWg; scratch XT, dU
+     * for c (parallel) / e / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -394,8 +411,8 @@ void mlp_bwd_naive_f32(
             dWg[c*dff + e] = batch_g;
         }
     }
-    /* dWu: from the DNF
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* dWu: writes dWu; scratch XT, dV
+     * for c (parallel) / e / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -412,8 +429,8 @@ void mlp_bwd_naive_f32(
             dWu[c*dff + e] = batch_u;
         }
     }
-    /* HT: from the DNF
-     * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    /* HT: reads U; scratch HT, V
+     * for b, e (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -424,8 +441,8 @@ void mlp_bwd_naive_f32(
             }
         }
     }
-    /* dWd: from the DNF
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* dWd: writes dWd; reads dF; scratch HT
+     * for e (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {

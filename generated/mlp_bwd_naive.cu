@@ -4,12 +4,29 @@
  * Schedule: hoist(); gpu_threads(b, i, 128 a block, nest=dH); gpu_threads(b, i, 128 a block, nest=V); gpu_threads(b, i, 128 a block, nest=dX); gpu_threads(b, i, 128 a block, nest=dV); gpu_threads(b, i, 128 a block, nest=dU); gpu_threads(c, 128 a block, nest=dWg); gpu_threads(c, 128 a block, nest=dWu); gpu_threads(e, 128 a block, nest=dWd); gpu_threads(c, 128 a block, nest=WdT); gpu_threads(e, 128 a block, nest=WgT); gpu_threads(e, 128 a block, nest=WuT); gpu_threads(b, c, 128 a block, nest=XT); gpu_threads(b, e, 128 a block, nest=HT); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda mlp_bwd --variant naive
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * WdT[c, e] = (<e c> psi Wd)
+ * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+ * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+ * WgT[e, c] = (<c e> psi Wg)
+ * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+ * WuT[e, c] = (<c e> psi Wu)
+ * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+ *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+ * XT[b, c, i] = (<b i c> psi X)
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+ * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* WdT: from the DNF
- * WdT[c, e] = (<e c> psi Wd)
+/* WdT: reads Wd; scratch WdT
+ * for c (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f64_WdT(
     const double *__restrict__ X,
@@ -45,8 +62,8 @@ __global__ void mlp_bwd_naive_f64_WdT(
     }
 }
 
-/* dH: from the DNF
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* dH: reads dF; scratch dH, WdT
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_bwd_naive_f64_dH(
     const double *__restrict__ X,
@@ -87,8 +104,8 @@ __global__ void mlp_bwd_naive_f64_dH(
     }
 }
 
-/* V: from the DNF
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* V: reads X, Wu; scratch V
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_bwd_naive_f64_V(
     const double *__restrict__ X,
@@ -129,8 +146,8 @@ __global__ void mlp_bwd_naive_f64_V(
     }
 }
 
-/* dU: from the DNF
- * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+/* dU: reads U; scratch dU, dH, V
+ * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f64_dU(
     const double *__restrict__ X,
@@ -162,14 +179,15 @@ __global__ void mlp_bwd_naive_f64_dU(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        const double t = 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e]));
-        dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0 + U[dff*(b*n + i) + e] * (1.0 - t));
+        const double t = 1.0 / (1.0 + exp(-U[U_row + e]));
+        dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0 + U[U_row + e] * (1.0 - t));
     }
 }
 
-/* WgT: from the DNF
- * WgT[e, c] = (<c e> psi Wg)
+/* WgT: reads Wg; scratch WgT
+ * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_naive_f64_WgT(
     const double *__restrict__ X,
@@ -205,8 +223,8 @@ __global__ void mlp_bwd_naive_f64_WgT(
     }
 }
 
-/* dV: from the DNF
- * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+/* dV: reads U; scratch dV, dH
+ * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f64_dV(
     const double *__restrict__ X,
@@ -243,8 +261,8 @@ __global__ void mlp_bwd_naive_f64_dV(
     }
 }
 
-/* WuT: from the DNF
- * WuT[e, c] = (<c e> psi Wu)
+/* WuT: reads Wu; scratch WuT
+ * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_naive_f64_WuT(
     const double *__restrict__ X,
@@ -280,9 +298,8 @@ __global__ void mlp_bwd_naive_f64_WuT(
     }
 }
 
-/* dX: from the DNF
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* dX: writes dX; scratch dU, WgT, dV, WuT
+ * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_bwd_naive_f64_dX(
     const double *__restrict__ X,
@@ -327,8 +344,8 @@ __global__ void mlp_bwd_naive_f64_dX(
     }
 }
 
-/* XT: from the DNF
- * XT[b, c, i] = (<b i c> psi X)
+/* XT: reads X; scratch XT
+ * for b, c (parallel) / i (simd)
  */
 __global__ void mlp_bwd_naive_f64_XT(
     const double *__restrict__ X,
@@ -365,8 +382,8 @@ __global__ void mlp_bwd_naive_f64_XT(
     }
 }
 
-/* dWg: from the DNF
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* dWg: writes dWg; scratch XT, dU
+ * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_naive_f64_dWg(
     const double *__restrict__ X,
@@ -410,8 +427,8 @@ __global__ void mlp_bwd_naive_f64_dWg(
     }
 }
 
-/* dWu: from the DNF
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* dWu: writes dWu; scratch XT, dV
+ * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_naive_f64_dWu(
     const double *__restrict__ X,
@@ -455,8 +472,8 @@ __global__ void mlp_bwd_naive_f64_dWu(
     }
 }
 
-/* HT: from the DNF
- * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+/* HT: reads U; scratch HT, V
+ * for b, e (parallel) / i (simd)
  */
 __global__ void mlp_bwd_naive_f64_HT(
     const double *__restrict__ X,
@@ -493,8 +510,8 @@ __global__ void mlp_bwd_naive_f64_HT(
     }
 }
 
-/* dWd: from the DNF
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* dWd: writes dWd; reads dF; scratch HT
+ * for e (parallel) / c / b / i (simd)
  */
 __global__ void mlp_bwd_naive_f64_dWd(
     const double *__restrict__ X,
@@ -566,93 +583,92 @@ extern "C" int mlp_bwd_naive_f64(
     int64_t dff
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         mlp_bwd_naive_f64_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_naive_f64_dH<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_naive_f64_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_naive_f64_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         mlp_bwd_naive_f64_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_naive_f64_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         mlp_bwd_naive_f64_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_naive_f64_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*dm;
+        const int64_t count = batch*dm, threads = 128;
         mlp_bwd_naive_f64_XT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         mlp_bwd_naive_f64_dWg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         mlp_bwd_naive_f64_dWu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*dff;
+        const int64_t count = batch*dff, threads = 128;
         mlp_bwd_naive_f64_HT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         mlp_bwd_naive_f64_dWd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
@@ -661,8 +677,8 @@ extern "C" int mlp_bwd_naive_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* WdT: from the DNF
- * WdT[c, e] = (<e c> psi Wd)
+/* WdT: reads Wd; scratch WdT
+ * for c (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f32_WdT(
     const float *__restrict__ X,
@@ -698,8 +714,8 @@ __global__ void mlp_bwd_naive_f32_WdT(
     }
 }
 
-/* dH: from the DNF
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* dH: reads dF; scratch dH, WdT
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_bwd_naive_f32_dH(
     const float *__restrict__ X,
@@ -740,8 +756,8 @@ __global__ void mlp_bwd_naive_f32_dH(
     }
 }
 
-/* V: from the DNF
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* V: reads X, Wu; scratch V
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_bwd_naive_f32_V(
     const float *__restrict__ X,
@@ -782,8 +798,8 @@ __global__ void mlp_bwd_naive_f32_V(
     }
 }
 
-/* dU: from the DNF
- * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+/* dU: reads U; scratch dU, dH, V
+ * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f32_dU(
     const float *__restrict__ X,
@@ -815,14 +831,15 @@ __global__ void mlp_bwd_naive_f32_dU(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        const float t = 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e]));
-        dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0f + U[dff*(b*n + i) + e] * (1.0f - t));
+        const float t = 1.0f / (1.0f + expf(-U[U_row + e]));
+        dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0f + U[U_row + e] * (1.0f - t));
     }
 }
 
-/* WgT: from the DNF
- * WgT[e, c] = (<c e> psi Wg)
+/* WgT: reads Wg; scratch WgT
+ * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_naive_f32_WgT(
     const float *__restrict__ X,
@@ -858,8 +875,8 @@ __global__ void mlp_bwd_naive_f32_WgT(
     }
 }
 
-/* dV: from the DNF
- * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+/* dV: reads U; scratch dV, dH
+ * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_naive_f32_dV(
     const float *__restrict__ X,
@@ -896,8 +913,8 @@ __global__ void mlp_bwd_naive_f32_dV(
     }
 }
 
-/* WuT: from the DNF
- * WuT[e, c] = (<c e> psi Wu)
+/* WuT: reads Wu; scratch WuT
+ * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_naive_f32_WuT(
     const float *__restrict__ X,
@@ -933,9 +950,8 @@ __global__ void mlp_bwd_naive_f32_WuT(
     }
 }
 
-/* dX: from the DNF
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* dX: writes dX; scratch dU, WgT, dV, WuT
+ * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_bwd_naive_f32_dX(
     const float *__restrict__ X,
@@ -980,8 +996,8 @@ __global__ void mlp_bwd_naive_f32_dX(
     }
 }
 
-/* XT: from the DNF
- * XT[b, c, i] = (<b i c> psi X)
+/* XT: reads X; scratch XT
+ * for b, c (parallel) / i (simd)
  */
 __global__ void mlp_bwd_naive_f32_XT(
     const float *__restrict__ X,
@@ -1018,8 +1034,8 @@ __global__ void mlp_bwd_naive_f32_XT(
     }
 }
 
-/* dWg: from the DNF
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* dWg: writes dWg; scratch XT, dU
+ * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_naive_f32_dWg(
     const float *__restrict__ X,
@@ -1063,8 +1079,8 @@ __global__ void mlp_bwd_naive_f32_dWg(
     }
 }
 
-/* dWu: from the DNF
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* dWu: writes dWu; scratch XT, dV
+ * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_naive_f32_dWu(
     const float *__restrict__ X,
@@ -1108,8 +1124,8 @@ __global__ void mlp_bwd_naive_f32_dWu(
     }
 }
 
-/* HT: from the DNF
- * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+/* HT: reads U; scratch HT, V
+ * for b, e (parallel) / i (simd)
  */
 __global__ void mlp_bwd_naive_f32_HT(
     const float *__restrict__ X,
@@ -1146,8 +1162,8 @@ __global__ void mlp_bwd_naive_f32_HT(
     }
 }
 
-/* dWd: from the DNF
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* dWd: writes dWd; reads dF; scratch HT
+ * for e (parallel) / c / b / i (simd)
  */
 __global__ void mlp_bwd_naive_f32_dWd(
     const float *__restrict__ X,
@@ -1219,93 +1235,92 @@ extern "C" int mlp_bwd_naive_f32(
     int64_t dff
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         mlp_bwd_naive_f32_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_naive_f32_dH<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_naive_f32_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_naive_f32_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         mlp_bwd_naive_f32_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_naive_f32_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         mlp_bwd_naive_f32_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_naive_f32_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*dm;
+        const int64_t count = batch*dm, threads = 128;
         mlp_bwd_naive_f32_XT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         mlp_bwd_naive_f32_dWg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         mlp_bwd_naive_f32_dWu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*dff;
+        const int64_t count = batch*dff, threads = 128;
         mlp_bwd_naive_f32_HT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         mlp_bwd_naive_f32_dWd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();

@@ -2,6 +2,22 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: hoist(); parallel(b, i, nest=dH); parallel(b, i, nest=V); parallel(b, i, nest=dX); parallel(b, i, nest=dV); parallel(b, i, nest=dU); parallel(c, nest=dWg); parallel(c, nest=dWu); parallel(e, nest=dWd); parallel(c, nest=WdT); parallel(e, nest=WgT); parallel(e, nest=WuT); parallel(b, c, nest=XT); parallel(b, e, nest=HT); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran mlp_bwd --variant naive
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! WdT[c, e] = (<e c> psi Wd)
+! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+! dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+! WgT[e, c] = (<c e> psi Wg)
+! dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+! WuT[e, c] = (<c e> psi Wu)
+! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+!               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+! XT[b, c, i] = (<b i c> psi X)
+! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -32,11 +48,11 @@ contains
     real(c_double), intent(out) :: WuT(0:dff * dm - 1)
     real(c_double), intent(out) :: XT(0:batch * dm * n - 1)
     real(c_double), intent(out) :: HT(0:batch * dff * n - 1)
-    integer(c_int64_t) :: c, e, b, i
+    integer(c_int64_t) :: c, e, b, i, U_row
     real(c_double) :: dfw, xu, t, dug, dvu, batch_g, xdu, batch_u, xdv, batch_d, hdf
 
-    ! WdT: from the DNF
-    ! WdT[c, e] = (<e c> psi Wd)
+    ! WdT: reads Wd; scratch WdT
+    ! for c (parallel) / e (simd)
     !$omp parallel do collapse(1) schedule(static) private(e)
     do c = 0, dm - 1
       !$omp simd
@@ -45,8 +61,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dH: from the DNF
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    ! dH: reads dF; scratch dH, WdT
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, dfw)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -61,8 +77,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! V: from the DNF
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    ! V: reads X, Wu; scratch V
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -77,22 +93,23 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dU: from the DNF
-    ! dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
-    !$omp parallel do collapse(2) schedule(static) private(e, t)
+    ! dU: reads U; scratch dU, dH, V
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, U_row, t)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, dff - 1
-          t = 1.0_c_double / (1.0_c_double + exp(-U(dff*(b*n + i) + e)))
+          t = 1.0_c_double / (1.0_c_double + exp(-U(U_row + e)))
           dU(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * V(dff*(b*n + i) + e) * t * &
-              & (1.0_c_double + U(dff*(b*n + i) + e) * (1.0_c_double - t))
+              & (1.0_c_double + U(U_row + e) * (1.0_c_double - t))
         end do
       end do
     end do
     !$omp end parallel do
-    ! WgT: from the DNF
-    ! WgT[e, c] = (<c e> psi Wg)
+    ! WgT: reads Wg; scratch WgT
+    ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
       !$omp simd
@@ -101,8 +118,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dV: from the DNF
-    ! dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+    ! dV: reads U; scratch dV, dH
+    ! for b, i (parallel) / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -114,8 +131,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! WuT: from the DNF
-    ! WuT[e, c] = (<c e> psi Wu)
+    ! WuT: reads Wu; scratch WuT
+    ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
       !$omp simd
@@ -124,9 +141,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dX: from the DNF
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    ! dX: writes dX; scratch dU, WgT, dV, WuT
+    ! for b, i (parallel) / c / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, e, dug, dvu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -146,8 +162,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! XT: from the DNF
-    ! XT[b, c, i] = (<b i c> psi X)
+    ! XT: reads X; scratch XT
+    ! for b, c (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do c = 0, dm - 1
@@ -158,8 +174,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWg: from the DNF
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    ! dWg: writes dWg; scratch XT, dU
+    ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
     do c = 0, dm - 1
       do e = 0, dff - 1
@@ -176,8 +192,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWu: from the DNF
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    ! dWu: writes dWu; scratch XT, dV
+    ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
     do c = 0, dm - 1
       do e = 0, dff - 1
@@ -194,8 +210,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! HT: from the DNF
-    ! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    ! HT: reads U; scratch HT, V
+    ! for b, e (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do e = 0, dff - 1
@@ -207,8 +223,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWd: from the DNF
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    ! dWd: writes dWd; reads dF; scratch HT
+    ! for e (parallel) / c / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
     do e = 0, dff - 1
       do c = 0, dm - 1
@@ -250,11 +266,11 @@ contains
     real(c_float), intent(out) :: WuT(0:dff * dm - 1)
     real(c_float), intent(out) :: XT(0:batch * dm * n - 1)
     real(c_float), intent(out) :: HT(0:batch * dff * n - 1)
-    integer(c_int64_t) :: c, e, b, i
+    integer(c_int64_t) :: c, e, b, i, U_row
     real(c_float) :: dfw, xu, t, dug, dvu, batch_g, xdu, batch_u, xdv, batch_d, hdf
 
-    ! WdT: from the DNF
-    ! WdT[c, e] = (<e c> psi Wd)
+    ! WdT: reads Wd; scratch WdT
+    ! for c (parallel) / e (simd)
     !$omp parallel do collapse(1) schedule(static) private(e)
     do c = 0, dm - 1
       !$omp simd
@@ -263,8 +279,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dH: from the DNF
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    ! dH: reads dF; scratch dH, WdT
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, dfw)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -279,8 +295,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! V: from the DNF
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    ! V: reads X, Wu; scratch V
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -295,22 +311,23 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dU: from the DNF
-    ! dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
-    !$omp parallel do collapse(2) schedule(static) private(e, t)
+    ! dU: reads U; scratch dU, dH, V
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, U_row, t)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, dff - 1
-          t = 1.0_c_float / (1.0_c_float + exp(-U(dff*(b*n + i) + e)))
+          t = 1.0_c_float / (1.0_c_float + exp(-U(U_row + e)))
           dU(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * V(dff*(b*n + i) + e) * t * (1.0_c_float &
-              & + U(dff*(b*n + i) + e) * (1.0_c_float - t))
+              & + U(U_row + e) * (1.0_c_float - t))
         end do
       end do
     end do
     !$omp end parallel do
-    ! WgT: from the DNF
-    ! WgT[e, c] = (<c e> psi Wg)
+    ! WgT: reads Wg; scratch WgT
+    ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
       !$omp simd
@@ -319,8 +336,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dV: from the DNF
-    ! dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+    ! dV: reads U; scratch dV, dH
+    ! for b, i (parallel) / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -332,8 +349,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! WuT: from the DNF
-    ! WuT[e, c] = (<c e> psi Wu)
+    ! WuT: reads Wu; scratch WuT
+    ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
       !$omp simd
@@ -342,9 +359,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dX: from the DNF
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    ! dX: writes dX; scratch dU, WgT, dV, WuT
+    ! for b, i (parallel) / c / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, e, dug, dvu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -364,8 +380,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! XT: from the DNF
-    ! XT[b, c, i] = (<b i c> psi X)
+    ! XT: reads X; scratch XT
+    ! for b, c (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do c = 0, dm - 1
@@ -376,8 +392,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWg: from the DNF
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    ! dWg: writes dWg; scratch XT, dU
+    ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
     do c = 0, dm - 1
       do e = 0, dff - 1
@@ -394,8 +410,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWu: from the DNF
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    ! dWu: writes dWu; scratch XT, dV
+    ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
     do c = 0, dm - 1
       do e = 0, dff - 1
@@ -412,8 +428,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! HT: from the DNF
-    ! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    ! HT: reads U; scratch HT, V
+    ! for b, e (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do e = 0, dff - 1
@@ -425,8 +441,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWd: from the DNF
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    ! dWd: writes dWd; reads dF; scratch HT
+    ! for e (parallel) / c / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
     do e = 0, dff - 1
       do c = 0, dm - 1

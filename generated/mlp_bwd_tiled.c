@@ -4,6 +4,23 @@
  * Schedule: register_tile(dH, i x e, 6 x 8, packed); register_tile(V, i x e, 6 x 8, packed); register_tile(dX, i x c, 6 x 8, packed); register_tile(dWg, c x e, 6 x 8, packed); register_tile(dWu, c x e, 6 x 8, packed); register_tile(dWd, e x c, 6 x 8, packed); hoist(); parallel(b, e_tile, nest=dH); parallel(b, i, nest=dH.edge); parallel(b, e_tile, nest=V); parallel(b, i, nest=V.edge); parallel(b, c_tile, nest=dX); parallel(b, i, nest=dX.edge); parallel(e_tile, nest=dWg); parallel(c, nest=dWg.edge); parallel(e_tile, nest=dWu); parallel(c, nest=dWu.edge); parallel(c_tile, nest=dWd); parallel(e, nest=dWd.edge); parallel(b, i, nest=dV); parallel(b, i, nest=dU); parallel(c, nest=WdT); parallel(e, nest=WgT); parallel(e, nest=WuT); parallel(b, c, nest=XT); parallel(b, e, nest=HT); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c mlp_bwd --variant tiled
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * WdT[c, e] = (<e c> psi Wd)
+ * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+ * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+ * WgT[e, c] = (<c e> psi Wg)
+ * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+ * WuT[e, c] = (<c e> psi Wu)
+ * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+ *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+ * XT[b, c, i] = (<b i c> psi X)
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+ * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -48,13 +65,19 @@ static void mlp_bwd_tiled_f64_dH(
     int64_t dff
 )
 {
-    /* dH: from the DNF
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* dH: reads dF; scratch dH, WdT_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t dF_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t dF_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t dF_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t dF_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t dF_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t dF_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -104,54 +127,54 @@ static void mlp_bwd_tiled_f64_dH(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
                 }
                 dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -240,13 +263,19 @@ static void mlp_bwd_tiled_f64_V(
     int64_t dff
 )
 {
-    /* V: from the DNF
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* V: reads X; scratch V, Wu_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -296,54 +325,54 @@ static void mlp_bwd_tiled_f64_V(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
                 }
                 V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -432,14 +461,25 @@ static void mlp_bwd_tiled_f64_dX(
     int64_t dff
 )
 {
-    /* dX: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* dX: writes dX; scratch dU, WgT_panel, dV, WuT_panel
+     * for b, c_tile (parallel) / i_tile / e (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                const int64_t dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -489,54 +529,54 @@ static void mlp_bwd_tiled_f64_dX(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t e = 0; e < dff; ++e) {
-                    acc_0_0 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                    acc_0_1 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_0_2 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_0_3 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_0_4 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_0_5 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_0_6 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_0_7 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_1_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                    acc_1_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_1_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_1_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_1_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_1_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_1_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_1_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_2_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                    acc_2_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_2_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_2_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_2_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_2_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_2_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_2_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_3_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                    acc_3_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_3_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_3_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_3_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_3_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_3_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_3_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_4_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                    acc_4_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_4_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_4_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_4_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_4_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_4_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_4_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_5_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                    acc_5_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_5_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_5_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_5_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_5_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_5_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_5_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_0_0 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                    acc_0_1 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_0_2 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_0_3 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_0_4 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_0_5 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_0_6 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_0_7 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_1_0 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                    acc_1_1 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_1_2 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_1_3 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_1_4 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_1_5 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_1_6 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_1_7 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_2_0 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                    acc_2_1 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_2_2 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_2_3 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_2_4 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_2_5 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_2_6 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_2_7 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_3_0 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                    acc_3_1 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_3_2 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_3_3 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_3_4 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_3_5 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_3_6 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_3_7 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_4_0 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                    acc_4_1 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_4_2 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_4_3 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_4_4 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_4_5 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_4_6 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_4_7 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_5_0 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                    acc_5_1 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_5_2 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_5_3 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_5_4 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_5_5 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_5_6 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_5_7 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
                 }
                 dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                 dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -625,8 +665,8 @@ static void mlp_bwd_tiled_f64_dWg(
     int64_t dff
 )
 {
-    /* dWg: from the DNF
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* dWg: writes dWg; scratch XT, dU_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -680,55 +720,61 @@ static void mlp_bwd_tiled_f64_dWg(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
+                const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_0_0 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
             dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -817,8 +863,8 @@ static void mlp_bwd_tiled_f64_dWu(
     int64_t dff
 )
 {
-    /* dWu: from the DNF
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* dWu: writes dWu; scratch XT, dV_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -872,55 +918,61 @@ static void mlp_bwd_tiled_f64_dWu(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
+                const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_0_0 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
             dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -1009,8 +1061,8 @@ static void mlp_bwd_tiled_f64_dWd(
     int64_t dff
 )
 {
-    /* dWd: from the DNF
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* dWd: writes dWd; scratch HT, dF_panel
+     * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
@@ -1064,55 +1116,61 @@ static void mlp_bwd_tiled_f64_dWd(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
+                const int64_t HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
+                const int64_t HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
+                const int64_t HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
+                const int64_t HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
+                const int64_t HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
+                const int64_t HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_0_1 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_0_2 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_0_3 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_0_4 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_0_5 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_0_6 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_0_7 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_1_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_1_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_1_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_1_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_1_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_1_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_1_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_1_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_2_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_2_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_2_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_2_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_2_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_2_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_2_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_2_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_3_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_3_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_3_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_3_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_3_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_3_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_3_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_3_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_4_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_4_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_4_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_4_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_4_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_4_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_4_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_4_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_5_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_5_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_5_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_5_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_5_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_5_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_5_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_5_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_0_0 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_0_1 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_0_2 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_0_3 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_0_4 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_0_5 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_0_6 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_0_7 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_1_0 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_1_1 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_1_2 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_1_3 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_1_4 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_1_5 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_1_6 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_1_7 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_2_0 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_2_1 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_2_2 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_2_3 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_2_4 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_2_5 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_2_6 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_2_7 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_3_0 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_3_1 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_3_2 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_3_3 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_3_4 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_3_5 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_3_6 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_3_7 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_4_0 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_4_1 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_4_2 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_4_3 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_4_4 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_4_5 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_4_6 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_4_7 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_5_0 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_5_1 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_5_2 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_5_3 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_5_4 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_5_5 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_5_6 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_5_7 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
                 }
             }
             dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
@@ -1200,8 +1258,8 @@ void mlp_bwd_tiled_f64(
     int64_t dff
 )
 {
-    /* WdT: from the DNF
-     * WdT[c, e] = (<e c> psi Wd)
+    /* WdT: reads Wd; scratch WdT
+     * for c (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -1210,21 +1268,22 @@ void mlp_bwd_tiled_f64(
             WdT[c*dff + e] = Wd[c + dm*e];
         }
     }
-    /* dH.pack_WdT: from the DNF
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* dH.pack_WdT: scratch WdT_panel, WdT
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t WdT_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WdT_panel[8*c + 8*dm*e_tile + lane] = WdT[c*dff + 8*e_tile + lane];
+                WdT_panel[WdT_panel_row + lane] = WdT[c*dff + 8*e_tile + lane];
             }
         }
     }
     mlp_bwd_tiled_f64_dH(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dH.edge: from the DNF
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* dH.edge: reads dF; scratch dH, WdT
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1239,21 +1298,22 @@ void mlp_bwd_tiled_f64(
             }
         }
     }
-    /* V.pack_Wu: from the DNF
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* V.pack_Wu: reads Wu; scratch Wu_panel
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t Wu_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+                Wu_panel[Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
             }
         }
     }
     mlp_bwd_tiled_f64_V(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* V.edge: from the DNF
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* V.edge: reads X, Wu; scratch V
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1268,21 +1328,22 @@ void mlp_bwd_tiled_f64(
             }
         }
     }
-    /* dU: from the DNF
-     * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+    /* dU: reads U; scratch dU, dH, V
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
-                const double t = 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e]));
-                dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0 + U[dff*(b*n + i) + e] * (1.0 - t));
+                const double t = 1.0 / (1.0 + exp(-U[U_row + e]));
+                dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0 + U[U_row + e] * (1.0 - t));
             }
         }
     }
-    /* WgT: from the DNF
-     * WgT[e, c] = (<c e> psi Wg)
+    /* WgT: reads Wg; scratch WgT
+     * for e (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -1291,8 +1352,8 @@ void mlp_bwd_tiled_f64(
             WgT[c + dm*e] = Wg[c*dff + e];
         }
     }
-    /* dV: from the DNF
-     * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+    /* dV: reads U; scratch dV, dH
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1303,8 +1364,8 @@ void mlp_bwd_tiled_f64(
             }
         }
     }
-    /* WuT: from the DNF
-     * WuT[e, c] = (<c e> psi Wu)
+    /* WuT: reads Wu; scratch WuT
+     * for e (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -1313,36 +1374,35 @@ void mlp_bwd_tiled_f64(
             WuT[c + dm*e] = Wu[c*dff + e];
         }
     }
-    /* dX.pack_WgT: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* dX.pack_WgT: scratch WgT_panel, WgT
+     * for c_tile (parallel) / e / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            const int64_t WgT_panel_row = 8*c_tile*dff + 8*e;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WgT_panel[8*c_tile*dff + 8*e + lane] = WgT[8*c_tile + dm*e + lane];
+                WgT_panel[WgT_panel_row + lane] = WgT[8*c_tile + dm*e + lane];
             }
         }
     }
-    /* dX.pack_WuT: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* dX.pack_WuT: scratch WuT_panel, WuT
+     * for c_tile (parallel) / e / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            const int64_t WuT_panel_row = 8*c_tile*dff + 8*e;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WuT_panel[8*c_tile*dff + 8*e + lane] = WuT[8*c_tile + dm*e + lane];
+                WuT_panel[WuT_panel_row + lane] = WuT[8*c_tile + dm*e + lane];
             }
         }
     }
     mlp_bwd_tiled_f64_dX(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dX.edge: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* dX.edge: writes dX; scratch dU, WgT, dV, WuT
+     * for b, i (parallel) / c / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1357,8 +1417,8 @@ void mlp_bwd_tiled_f64(
             }
         }
     }
-    /* XT: from the DNF
-     * XT[b, c, i] = (<b i c> psi X)
+    /* XT: reads X; scratch XT
+     * for b, c (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1369,23 +1429,25 @@ void mlp_bwd_tiled_f64(
             }
         }
     }
-    /* dWg.pack_dU: from the DNF
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* dWg.pack_dU: scratch dU_panel, dU
+     * for e_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dU_panel_row = 8*i + 8*n*(b + batch*e_tile);
+                const int64_t dU_row = dff*(b*n + i) + 8*e_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dU[dff*(b*n + i) + 8*e_tile + lane];
+                    dU_panel[dU_panel_row + lane] = dU[dU_row + lane];
                 }
             }
         }
     }
     mlp_bwd_tiled_f64_dWg(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dWg.edge: from the DNF
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* dWg.edge: writes dWg; scratch XT, dU
+     * for c (parallel) / e / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -1402,23 +1464,25 @@ void mlp_bwd_tiled_f64(
             dWg[c*dff + e] = batch_g;
         }
     }
-    /* dWu.pack_dV: from the DNF
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* dWu.pack_dV: scratch dV_panel, dV
+     * for e_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dV_panel_row = 8*i + 8*n*(b + batch*e_tile);
+                const int64_t dV_row = dff*(b*n + i) + 8*e_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dV[dff*(b*n + i) + 8*e_tile + lane];
+                    dV_panel[dV_panel_row + lane] = dV[dV_row + lane];
                 }
             }
         }
     }
     mlp_bwd_tiled_f64_dWu(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dWu.edge: from the DNF
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* dWu.edge: writes dWu; scratch XT, dV
+     * for c (parallel) / e / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -1435,8 +1499,8 @@ void mlp_bwd_tiled_f64(
             dWu[c*dff + e] = batch_u;
         }
     }
-    /* HT: from the DNF
-     * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    /* HT: reads U; scratch HT, V
+     * for b, e (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1447,23 +1511,25 @@ void mlp_bwd_tiled_f64(
             }
         }
     }
-    /* dWd.pack_dF: from the DNF
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* dWd.pack_dF: reads dF; scratch dF_panel
+     * for c_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dF_panel_row = 8*i + 8*n*(b + batch*c_tile);
+                const int64_t dF_row = 8*c_tile + dm*(b*n + i);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dF[8*c_tile + dm*(b*n + i) + lane];
+                    dF_panel[dF_panel_row + lane] = dF[dF_row + lane];
                 }
             }
         }
     }
     mlp_bwd_tiled_f64_dWd(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dWd.edge: from the DNF
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* dWd.edge: writes dWd; reads dF; scratch HT
+     * for e (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -1516,13 +1582,19 @@ static void mlp_bwd_tiled_f32_dH(
     int64_t dff
 )
 {
-    /* dH: from the DNF
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* dH: reads dF; scratch dH, WdT_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t dF_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t dF_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t dF_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t dF_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t dF_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t dF_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -1572,54 +1644,54 @@ static void mlp_bwd_tiled_f32_dH(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
                 }
                 dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -1708,13 +1780,19 @@ static void mlp_bwd_tiled_f32_V(
     int64_t dff
 )
 {
-    /* V: from the DNF
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* V: reads X; scratch V, Wu_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -1764,54 +1842,54 @@ static void mlp_bwd_tiled_f32_V(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
                 }
                 V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -1900,14 +1978,25 @@ static void mlp_bwd_tiled_f32_dX(
     int64_t dff
 )
 {
-    /* dX: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* dX: writes dX; scratch dU, WgT_panel, dV, WuT_panel
+     * for b, c_tile (parallel) / i_tile / e (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                const int64_t dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -1957,54 +2046,54 @@ static void mlp_bwd_tiled_f32_dX(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t e = 0; e < dff; ++e) {
-                    acc_0_0 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                    acc_0_1 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_0_2 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_0_3 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_0_4 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_0_5 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_0_6 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_0_7 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_1_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                    acc_1_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_1_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_1_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_1_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_1_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_1_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_1_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_2_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                    acc_2_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_2_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_2_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_2_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_2_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_2_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_2_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_3_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                    acc_3_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_3_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_3_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_3_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_3_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_3_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_3_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_4_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                    acc_4_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_4_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_4_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_4_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_4_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_4_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_4_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                    acc_5_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                    acc_5_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                    acc_5_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                    acc_5_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                    acc_5_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                    acc_5_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                    acc_5_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                    acc_5_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_0_0 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                    acc_0_1 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_0_2 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_0_3 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_0_4 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_0_5 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_0_6 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_0_7 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_1_0 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                    acc_1_1 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_1_2 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_1_3 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_1_4 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_1_5 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_1_6 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_1_7 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_2_0 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                    acc_2_1 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_2_2 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_2_3 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_2_4 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_2_5 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_2_6 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_2_7 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_3_0 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                    acc_3_1 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_3_2 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_3_3 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_3_4 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_3_5 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_3_6 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_3_7 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_4_0 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                    acc_4_1 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_4_2 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_4_3 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_4_4 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_4_5 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_4_6 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_4_7 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    acc_5_0 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                    acc_5_1 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                    acc_5_2 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                    acc_5_3 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                    acc_5_4 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                    acc_5_5 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                    acc_5_6 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                    acc_5_7 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
                 }
                 dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                 dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -2093,8 +2182,8 @@ static void mlp_bwd_tiled_f32_dWg(
     int64_t dff
 )
 {
-    /* dWg: from the DNF
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* dWg: writes dWg; scratch XT, dU_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -2148,55 +2237,61 @@ static void mlp_bwd_tiled_f32_dWg(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
+                const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_0_0 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
             dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -2285,8 +2380,8 @@ static void mlp_bwd_tiled_f32_dWu(
     int64_t dff
 )
 {
-    /* dWu: from the DNF
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* dWu: writes dWu; scratch XT, dV_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -2340,55 +2435,61 @@ static void mlp_bwd_tiled_f32_dWu(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
+                const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_0_0 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
             dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -2477,8 +2578,8 @@ static void mlp_bwd_tiled_f32_dWd(
     int64_t dff
 )
 {
-    /* dWd: from the DNF
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* dWd: writes dWd; scratch HT, dF_panel
+     * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
@@ -2532,55 +2633,61 @@ static void mlp_bwd_tiled_f32_dWd(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
+                const int64_t HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
+                const int64_t HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
+                const int64_t HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
+                const int64_t HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
+                const int64_t HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
+                const int64_t HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_0_1 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_0_2 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_0_3 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_0_4 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_0_5 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_0_6 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_0_7 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_1_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_1_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_1_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_1_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_1_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_1_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_1_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_1_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_2_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_2_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_2_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_2_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_2_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_2_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_2_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_2_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_3_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_3_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_3_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_3_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_3_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_3_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_3_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_3_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_4_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_4_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_4_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_4_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_4_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_4_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_4_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_4_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_5_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_5_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_5_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_5_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_5_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_5_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_5_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_5_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_0_0 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_0_1 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_0_2 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_0_3 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_0_4 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_0_5 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_0_6 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_0_7 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_1_0 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_1_1 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_1_2 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_1_3 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_1_4 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_1_5 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_1_6 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_1_7 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_2_0 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_2_1 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_2_2 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_2_3 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_2_4 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_2_5 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_2_6 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_2_7 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_3_0 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_3_1 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_3_2 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_3_3 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_3_4 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_3_5 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_3_6 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_3_7 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_4_0 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_4_1 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_4_2 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_4_3 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_4_4 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_4_5 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_4_6 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_4_7 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_5_0 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_5_1 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_5_2 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_5_3 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_5_4 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_5_5 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_5_6 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_5_7 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
                 }
             }
             dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
@@ -2668,8 +2775,8 @@ void mlp_bwd_tiled_f32(
     int64_t dff
 )
 {
-    /* WdT: from the DNF
-     * WdT[c, e] = (<e c> psi Wd)
+    /* WdT: reads Wd; scratch WdT
+     * for c (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -2678,21 +2785,22 @@ void mlp_bwd_tiled_f32(
             WdT[c*dff + e] = Wd[c + dm*e];
         }
     }
-    /* dH.pack_WdT: from the DNF
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* dH.pack_WdT: scratch WdT_panel, WdT
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t WdT_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WdT_panel[8*c + 8*dm*e_tile + lane] = WdT[c*dff + 8*e_tile + lane];
+                WdT_panel[WdT_panel_row + lane] = WdT[c*dff + 8*e_tile + lane];
             }
         }
     }
     mlp_bwd_tiled_f32_dH(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dH.edge: from the DNF
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    /* dH.edge: reads dF; scratch dH, WdT
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2707,21 +2815,22 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    /* V.pack_Wu: from the DNF
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* V.pack_Wu: reads Wu; scratch Wu_panel
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t Wu_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+                Wu_panel[Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
             }
         }
     }
     mlp_bwd_tiled_f32_V(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* V.edge: from the DNF
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* V.edge: reads X, Wu; scratch V
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2736,21 +2845,22 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    /* dU: from the DNF
-     * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+    /* dU: reads U; scratch dU, dH, V
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
-                const float t = 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e]));
-                dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0f + U[dff*(b*n + i) + e] * (1.0f - t));
+                const float t = 1.0f / (1.0f + expf(-U[U_row + e]));
+                dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0f + U[U_row + e] * (1.0f - t));
             }
         }
     }
-    /* WgT: from the DNF
-     * WgT[e, c] = (<c e> psi Wg)
+    /* WgT: reads Wg; scratch WgT
+     * for e (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -2759,8 +2869,8 @@ void mlp_bwd_tiled_f32(
             WgT[c + dm*e] = Wg[c*dff + e];
         }
     }
-    /* dV: from the DNF
-     * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+    /* dV: reads U; scratch dV, dH
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2771,8 +2881,8 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    /* WuT: from the DNF
-     * WuT[e, c] = (<c e> psi Wu)
+    /* WuT: reads Wu; scratch WuT
+     * for e (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -2781,36 +2891,35 @@ void mlp_bwd_tiled_f32(
             WuT[c + dm*e] = Wu[c*dff + e];
         }
     }
-    /* dX.pack_WgT: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* dX.pack_WgT: scratch WgT_panel, WgT
+     * for c_tile (parallel) / e / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            const int64_t WgT_panel_row = 8*c_tile*dff + 8*e;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WgT_panel[8*c_tile*dff + 8*e + lane] = WgT[8*c_tile + dm*e + lane];
+                WgT_panel[WgT_panel_row + lane] = WgT[8*c_tile + dm*e + lane];
             }
         }
     }
-    /* dX.pack_WuT: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* dX.pack_WuT: scratch WuT_panel, WuT
+     * for c_tile (parallel) / e / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            const int64_t WuT_panel_row = 8*c_tile*dff + 8*e;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WuT_panel[8*c_tile*dff + 8*e + lane] = WuT[8*c_tile + dm*e + lane];
+                WuT_panel[WuT_panel_row + lane] = WuT[8*c_tile + dm*e + lane];
             }
         }
     }
     mlp_bwd_tiled_f32_dX(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dX.edge: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    /* dX.edge: writes dX; scratch dU, WgT, dV, WuT
+     * for b, i (parallel) / c / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2825,8 +2934,8 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    /* XT: from the DNF
-     * XT[b, c, i] = (<b i c> psi X)
+    /* XT: reads X; scratch XT
+     * for b, c (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2837,23 +2946,25 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    /* dWg.pack_dU: from the DNF
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* dWg.pack_dU: scratch dU_panel, dU
+     * for e_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dU_panel_row = 8*i + 8*n*(b + batch*e_tile);
+                const int64_t dU_row = dff*(b*n + i) + 8*e_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dU[dff*(b*n + i) + 8*e_tile + lane];
+                    dU_panel[dU_panel_row + lane] = dU[dU_row + lane];
                 }
             }
         }
     }
     mlp_bwd_tiled_f32_dWg(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dWg.edge: from the DNF
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    /* dWg.edge: writes dWg; scratch XT, dU
+     * for c (parallel) / e / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -2870,23 +2981,25 @@ void mlp_bwd_tiled_f32(
             dWg[c*dff + e] = batch_g;
         }
     }
-    /* dWu.pack_dV: from the DNF
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* dWu.pack_dV: scratch dV_panel, dV
+     * for e_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dV_panel_row = 8*i + 8*n*(b + batch*e_tile);
+                const int64_t dV_row = dff*(b*n + i) + 8*e_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dV[dff*(b*n + i) + 8*e_tile + lane];
+                    dV_panel[dV_panel_row + lane] = dV[dV_row + lane];
                 }
             }
         }
     }
     mlp_bwd_tiled_f32_dWu(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dWu.edge: from the DNF
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    /* dWu.edge: writes dWu; scratch XT, dV
+     * for c (parallel) / e / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -2903,8 +3016,8 @@ void mlp_bwd_tiled_f32(
             dWu[c*dff + e] = batch_u;
         }
     }
-    /* HT: from the DNF
-     * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    /* HT: reads U; scratch HT, V
+     * for b, e (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -2915,23 +3028,25 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    /* dWd.pack_dF: from the DNF
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* dWd.pack_dF: reads dF; scratch dF_panel
+     * for c_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dF_panel_row = 8*i + 8*n*(b + batch*c_tile);
+                const int64_t dF_row = 8*c_tile + dm*(b*n + i);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dF[8*c_tile + dm*(b*n + i) + lane];
+                    dF_panel[dF_panel_row + lane] = dF[dF_row + lane];
                 }
             }
         }
     }
     mlp_bwd_tiled_f32_dWd(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dWd.edge: from the DNF
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    /* dWd.edge: writes dWd; reads dF; scratch HT
+     * for e (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {

@@ -4,12 +4,29 @@
  * Schedule: register_tile(dH, i x e, 6 x 8, packed, 96 rows a block); register_tile(V, i x e, 6 x 8, packed, 96 rows a block); register_tile(dX, i x c, 6 x 8, packed, 96 rows a block); register_tile(dWg, c x e, 6 x 8, packed); register_tile(dWu, c x e, 6 x 8, packed); register_tile(dWd, e x c, 6 x 8, packed); hoist(); gpu_threads(b, i_blk, 128 a block, nest=dH); gpu_threads(b, i_blk, 128 a block, nest=V); gpu_threads(b, i_blk, 128 a block, nest=dX); gpu_threads(e_tile, 128 a block, nest=dWg); gpu_threads(c, 128 a block, nest=dWg.edge); gpu_threads(e_tile, 128 a block, nest=dWu); gpu_threads(c, 128 a block, nest=dWu.edge); gpu_threads(c_tile, 128 a block, nest=dWd); gpu_threads(e, 128 a block, nest=dWd.edge); gpu_threads(b, i, 128 a block, nest=dV); gpu_threads(b, i, 128 a block, nest=dU); gpu_threads(c, 128 a block, nest=WdT); gpu_threads(e, 128 a block, nest=WgT); gpu_threads(e, 128 a block, nest=WuT); gpu_threads(b, c, 128 a block, nest=XT); gpu_threads(b, e, 128 a block, nest=HT); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda mlp_bwd --variant tiled
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * WdT[c, e] = (<e c> psi Wd)
+ * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+ * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+ * WgT[e, c] = (<c e> psi Wg)
+ * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+ * WuT[e, c] = (<c e> psi Wu)
+ * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+ *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+ * XT[b, c, i] = (<b i c> psi X)
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+ * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* WdT: from the DNF
- * WdT[c, e] = (<e c> psi Wd)
+/* WdT: reads Wd; scratch WdT
+ * for c (parallel) / e (simd)
  */
 __global__ void mlp_bwd_tiled_f64_WdT(
     const double *__restrict__ X,
@@ -52,8 +69,8 @@ __global__ void mlp_bwd_tiled_f64_WdT(
     }
 }
 
-/* dH.pack_WdT: from the DNF
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* dH.pack_WdT: scratch WdT_panel, WdT
+ * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dH_pack_WdT(
     const double *__restrict__ X,
@@ -92,14 +109,15 @@ __global__ void mlp_bwd_tiled_f64_dH_pack_WdT(
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
+        const int64_t WdT_panel_row = 8*c + 8*dm*e_tile;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            WdT_panel[8*c + 8*dm*e_tile + lane] = WdT[c*dff + 8*e_tile + lane];
+            WdT_panel[WdT_panel_row + lane] = WdT[c*dff + 8*e_tile + lane];
         }
     }
 }
 
-/* dH: from the DNF
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* dH: reads dF; scratch dH, WdT_panel
+ * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
 __global__ void mlp_bwd_tiled_f64_dH(
     const double *__restrict__ X,
@@ -140,6 +158,12 @@ __global__ void mlp_bwd_tiled_f64_dH(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t dF_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dF_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dF_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dF_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dF_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dF_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             double acc_0_0 = 0.0;
             double acc_0_1 = 0.0;
             double acc_0_2 = 0.0;
@@ -189,54 +213,54 @@ __global__ void mlp_bwd_tiled_f64_dH(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_0_0 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
             }
             dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
             dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -290,8 +314,8 @@ __global__ void mlp_bwd_tiled_f64_dH(
     }
 }
 
-/* dH.edge: from the DNF
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* dH.edge: reads dF; scratch dH, WdT
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dH_edge(
     const double *__restrict__ X,
@@ -339,8 +363,8 @@ __global__ void mlp_bwd_tiled_f64_dH_edge(
     }
 }
 
-/* V.pack_Wu: from the DNF
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* V.pack_Wu: reads Wu; scratch Wu_panel
+ * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f64_V_pack_Wu(
     const double *__restrict__ X,
@@ -379,14 +403,15 @@ __global__ void mlp_bwd_tiled_f64_V_pack_Wu(
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
+        const int64_t Wu_panel_row = 8*c + 8*dm*e_tile;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            Wu_panel[Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
         }
     }
 }
 
-/* V: from the DNF
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* V: reads X; scratch V, Wu_panel
+ * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
 __global__ void mlp_bwd_tiled_f64_V(
     const double *__restrict__ X,
@@ -427,6 +452,12 @@ __global__ void mlp_bwd_tiled_f64_V(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             double acc_0_0 = 0.0;
             double acc_0_1 = 0.0;
             double acc_0_2 = 0.0;
@@ -476,54 +507,54 @@ __global__ void mlp_bwd_tiled_f64_V(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_0_0 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
             }
             V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
             V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -577,8 +608,8 @@ __global__ void mlp_bwd_tiled_f64_V(
     }
 }
 
-/* V.edge: from the DNF
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* V.edge: reads X, Wu; scratch V
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_bwd_tiled_f64_V_edge(
     const double *__restrict__ X,
@@ -626,8 +657,8 @@ __global__ void mlp_bwd_tiled_f64_V_edge(
     }
 }
 
-/* dU: from the DNF
- * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+/* dU: reads U; scratch dU, dH, V
+ * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dU(
     const double *__restrict__ X,
@@ -666,14 +697,15 @@ __global__ void mlp_bwd_tiled_f64_dU(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        const double t = 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e]));
-        dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0 + U[dff*(b*n + i) + e] * (1.0 - t));
+        const double t = 1.0 / (1.0 + exp(-U[U_row + e]));
+        dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0 + U[U_row + e] * (1.0 - t));
     }
 }
 
-/* WgT: from the DNF
- * WgT[e, c] = (<c e> psi Wg)
+/* WgT: reads Wg; scratch WgT
+ * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_tiled_f64_WgT(
     const double *__restrict__ X,
@@ -716,8 +748,8 @@ __global__ void mlp_bwd_tiled_f64_WgT(
     }
 }
 
-/* dV: from the DNF
- * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+/* dV: reads U; scratch dV, dH
+ * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dV(
     const double *__restrict__ X,
@@ -761,8 +793,8 @@ __global__ void mlp_bwd_tiled_f64_dV(
     }
 }
 
-/* WuT: from the DNF
- * WuT[e, c] = (<c e> psi Wu)
+/* WuT: reads Wu; scratch WuT
+ * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_tiled_f64_WuT(
     const double *__restrict__ X,
@@ -805,9 +837,8 @@ __global__ void mlp_bwd_tiled_f64_WuT(
     }
 }
 
-/* dX.pack_WgT: from the DNF
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* dX.pack_WgT: scratch WgT_panel, WgT
+ * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dX_pack_WgT(
     const double *__restrict__ X,
@@ -846,15 +877,15 @@ __global__ void mlp_bwd_tiled_f64_dX_pack_WgT(
     if (tid >= ((dm) / 8)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
+        const int64_t WgT_panel_row = 8*c_tile*dff + 8*e;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            WgT_panel[8*c_tile*dff + 8*e + lane] = WgT[8*c_tile + dm*e + lane];
+            WgT_panel[WgT_panel_row + lane] = WgT[8*c_tile + dm*e + lane];
         }
     }
 }
 
-/* dX.pack_WuT: from the DNF
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* dX.pack_WuT: scratch WuT_panel, WuT
+ * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dX_pack_WuT(
     const double *__restrict__ X,
@@ -893,15 +924,15 @@ __global__ void mlp_bwd_tiled_f64_dX_pack_WuT(
     if (tid >= ((dm) / 8)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
+        const int64_t WuT_panel_row = 8*c_tile*dff + 8*e;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            WuT_panel[8*c_tile*dff + 8*e + lane] = WuT[8*c_tile + dm*e + lane];
+            WuT_panel[WuT_panel_row + lane] = WuT[8*c_tile + dm*e + lane];
         }
     }
 }
 
-/* dX: from the DNF
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* dX: writes dX; scratch dU, WgT_panel, dV, WuT_panel
+ * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
  */
 __global__ void mlp_bwd_tiled_f64_dX(
     const double *__restrict__ X,
@@ -942,6 +973,18 @@ __global__ void mlp_bwd_tiled_f64_dX(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+            const int64_t dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             double acc_0_0 = 0.0;
             double acc_0_1 = 0.0;
             double acc_0_2 = 0.0;
@@ -991,54 +1034,54 @@ __global__ void mlp_bwd_tiled_f64_dX(
             double acc_5_6 = 0.0;
             double acc_5_7 = 0.0;
             for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_0_0 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                acc_0_1 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_0_2 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_0_3 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_0_4 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_0_5 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_0_6 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_0_7 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_1_0 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                acc_1_1 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_1_2 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_1_3 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_1_4 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_1_5 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_1_6 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_1_7 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_2_0 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                acc_2_1 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_2_2 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_2_3 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_2_4 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_2_5 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_2_6 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_2_7 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_3_0 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                acc_3_1 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_3_2 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_3_3 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_3_4 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_3_5 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_3_6 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_3_7 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_4_0 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                acc_4_1 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_4_2 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_4_3 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_4_4 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_4_5 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_4_6 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_4_7 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_5_0 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                acc_5_1 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_5_2 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_5_3 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_5_4 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_5_5 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_5_6 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_5_7 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
             }
             dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
             dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -1092,9 +1135,8 @@ __global__ void mlp_bwd_tiled_f64_dX(
     }
 }
 
-/* dX.edge: from the DNF
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* dX.edge: writes dX; scratch dU, WgT, dV, WuT
+ * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dX_edge(
     const double *__restrict__ X,
@@ -1142,8 +1184,8 @@ __global__ void mlp_bwd_tiled_f64_dX_edge(
     }
 }
 
-/* XT: from the DNF
- * XT[b, c, i] = (<b i c> psi X)
+/* XT: reads X; scratch XT
+ * for b, c (parallel) / i (simd)
  */
 __global__ void mlp_bwd_tiled_f64_XT(
     const double *__restrict__ X,
@@ -1187,8 +1229,8 @@ __global__ void mlp_bwd_tiled_f64_XT(
     }
 }
 
-/* dWg.pack_dU: from the DNF
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* dWg.pack_dU: scratch dU_panel, dU
+ * for e_tile (parallel) / b / i / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dWg_pack_dU(
     const double *__restrict__ X,
@@ -1228,15 +1270,17 @@ __global__ void mlp_bwd_tiled_f64_dWg_pack_dU(
     const int64_t e_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t dU_panel_row = 8*i + 8*n*(b + batch*e_tile);
+            const int64_t dU_row = dff*(b*n + i) + 8*e_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dU[dff*(b*n + i) + 8*e_tile + lane];
+                dU_panel[dU_panel_row + lane] = dU[dU_row + lane];
             }
         }
     }
 }
 
-/* dWg: from the DNF
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* dWg: writes dWg; scratch XT, dU_panel
+ * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
  */
 __global__ void mlp_bwd_tiled_f64_dWg(
     const double *__restrict__ X,
@@ -1324,55 +1368,61 @@ __global__ void mlp_bwd_tiled_f64_dWg(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+            const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+            const int64_t XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+            const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+            const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+            const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_0_0 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
         dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -1426,8 +1476,8 @@ __global__ void mlp_bwd_tiled_f64_dWg(
     }
 }
 
-/* dWg.edge: from the DNF
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* dWg.edge: writes dWg; scratch XT, dU
+ * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dWg_edge(
     const double *__restrict__ X,
@@ -1478,8 +1528,8 @@ __global__ void mlp_bwd_tiled_f64_dWg_edge(
     }
 }
 
-/* dWu.pack_dV: from the DNF
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* dWu.pack_dV: scratch dV_panel, dV
+ * for e_tile (parallel) / b / i / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dWu_pack_dV(
     const double *__restrict__ X,
@@ -1519,15 +1569,17 @@ __global__ void mlp_bwd_tiled_f64_dWu_pack_dV(
     const int64_t e_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t dV_panel_row = 8*i + 8*n*(b + batch*e_tile);
+            const int64_t dV_row = dff*(b*n + i) + 8*e_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dV[dff*(b*n + i) + 8*e_tile + lane];
+                dV_panel[dV_panel_row + lane] = dV[dV_row + lane];
             }
         }
     }
 }
 
-/* dWu: from the DNF
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* dWu: writes dWu; scratch XT, dV_panel
+ * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
  */
 __global__ void mlp_bwd_tiled_f64_dWu(
     const double *__restrict__ X,
@@ -1615,55 +1667,61 @@ __global__ void mlp_bwd_tiled_f64_dWu(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+            const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+            const int64_t XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+            const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+            const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+            const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_0_0 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
         dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -1717,8 +1775,8 @@ __global__ void mlp_bwd_tiled_f64_dWu(
     }
 }
 
-/* dWu.edge: from the DNF
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* dWu.edge: writes dWu; scratch XT, dV
+ * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dWu_edge(
     const double *__restrict__ X,
@@ -1769,8 +1827,8 @@ __global__ void mlp_bwd_tiled_f64_dWu_edge(
     }
 }
 
-/* HT: from the DNF
- * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+/* HT: reads U; scratch HT, V
+ * for b, e (parallel) / i (simd)
  */
 __global__ void mlp_bwd_tiled_f64_HT(
     const double *__restrict__ X,
@@ -1814,8 +1872,8 @@ __global__ void mlp_bwd_tiled_f64_HT(
     }
 }
 
-/* dWd.pack_dF: from the DNF
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* dWd.pack_dF: reads dF; scratch dF_panel
+ * for c_tile (parallel) / b / i / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dWd_pack_dF(
     const double *__restrict__ X,
@@ -1855,15 +1913,17 @@ __global__ void mlp_bwd_tiled_f64_dWd_pack_dF(
     const int64_t c_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t dF_panel_row = 8*i + 8*n*(b + batch*c_tile);
+            const int64_t dF_row = 8*c_tile + dm*(b*n + i);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dF[8*c_tile + dm*(b*n + i) + lane];
+                dF_panel[dF_panel_row + lane] = dF[dF_row + lane];
             }
         }
     }
 }
 
-/* dWd: from the DNF
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* dWd: writes dWd; scratch HT, dF_panel
+ * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
  */
 __global__ void mlp_bwd_tiled_f64_dWd(
     const double *__restrict__ X,
@@ -1951,55 +2011,61 @@ __global__ void mlp_bwd_tiled_f64_dWd(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
+            const int64_t HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
+            const int64_t HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
+            const int64_t HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
+            const int64_t HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
+            const int64_t HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_0_1 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_0_2 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_0_3 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_0_4 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_0_5 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_0_6 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_0_7 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_1_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_1_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_1_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_1_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_1_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_1_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_1_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_1_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_2_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_2_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_2_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_2_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_2_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_2_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_2_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_2_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_3_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_3_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_3_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_3_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_3_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_3_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_3_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_3_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_4_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_4_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_4_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_4_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_4_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_4_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_4_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_4_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_5_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_5_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_5_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_5_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_5_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_5_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_5_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_5_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_0_0 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_0_1 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_0_2 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_0_3 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_0_4 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_0_5 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_0_6 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_0_7 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_1_0 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_1_1 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_1_2 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_1_3 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_1_4 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_1_5 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_1_6 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_1_7 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_2_0 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_2_1 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_2_2 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_2_3 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_2_4 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_2_5 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_2_6 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_2_7 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_3_0 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_3_1 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_3_2 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_3_3 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_3_4 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_3_5 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_3_6 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_3_7 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_4_0 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_4_1 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_4_2 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_4_3 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_4_4 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_4_5 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_4_6 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_4_7 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_5_0 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_5_1 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_5_2 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_5_3 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_5_4 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_5_5 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_5_6 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_5_7 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
             }
         }
         dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
@@ -2053,8 +2119,8 @@ __global__ void mlp_bwd_tiled_f64_dWd(
     }
 }
 
-/* dWd.edge: from the DNF
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* dWd.edge: writes dWd; reads dF; scratch HT
+ * for e (parallel) / c / b / i (simd)
  */
 __global__ void mlp_bwd_tiled_f64_dWd_edge(
     const double *__restrict__ X,
@@ -2140,184 +2206,183 @@ extern "C" int mlp_bwd_tiled_f64(
     int64_t dff
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         mlp_bwd_tiled_f64_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         mlp_bwd_tiled_f64_dH_pack_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         mlp_bwd_tiled_f64_dH<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_tiled_f64_dH_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         mlp_bwd_tiled_f64_V_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         mlp_bwd_tiled_f64_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_tiled_f64_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_tiled_f64_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         mlp_bwd_tiled_f64_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_tiled_f64_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         mlp_bwd_tiled_f64_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         mlp_bwd_tiled_f64_dX_pack_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         mlp_bwd_tiled_f64_dX_pack_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         mlp_bwd_tiled_f64_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_tiled_f64_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*dm;
+        const int64_t count = batch*dm, threads = 128;
         mlp_bwd_tiled_f64_XT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         mlp_bwd_tiled_f64_dWg_pack_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         mlp_bwd_tiled_f64_dWg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         mlp_bwd_tiled_f64_dWg_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         mlp_bwd_tiled_f64_dWu_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         mlp_bwd_tiled_f64_dWu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         mlp_bwd_tiled_f64_dWu_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*dff;
+        const int64_t count = batch*dff, threads = 128;
         mlp_bwd_tiled_f64_HT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         mlp_bwd_tiled_f64_dWd_pack_dF<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         mlp_bwd_tiled_f64_dWd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         mlp_bwd_tiled_f64_dWd_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
@@ -2326,8 +2391,8 @@ extern "C" int mlp_bwd_tiled_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* WdT: from the DNF
- * WdT[c, e] = (<e c> psi Wd)
+/* WdT: reads Wd; scratch WdT
+ * for c (parallel) / e (simd)
  */
 __global__ void mlp_bwd_tiled_f32_WdT(
     const float *__restrict__ X,
@@ -2370,8 +2435,8 @@ __global__ void mlp_bwd_tiled_f32_WdT(
     }
 }
 
-/* dH.pack_WdT: from the DNF
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* dH.pack_WdT: scratch WdT_panel, WdT
+ * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dH_pack_WdT(
     const float *__restrict__ X,
@@ -2410,14 +2475,15 @@ __global__ void mlp_bwd_tiled_f32_dH_pack_WdT(
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
+        const int64_t WdT_panel_row = 8*c + 8*dm*e_tile;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            WdT_panel[8*c + 8*dm*e_tile + lane] = WdT[c*dff + 8*e_tile + lane];
+            WdT_panel[WdT_panel_row + lane] = WdT[c*dff + 8*e_tile + lane];
         }
     }
 }
 
-/* dH: from the DNF
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* dH: reads dF; scratch dH, WdT_panel
+ * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
 __global__ void mlp_bwd_tiled_f32_dH(
     const float *__restrict__ X,
@@ -2458,6 +2524,12 @@ __global__ void mlp_bwd_tiled_f32_dH(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t dF_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dF_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dF_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dF_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dF_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dF_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             float acc_0_0 = 0.0f;
             float acc_0_1 = 0.0f;
             float acc_0_2 = 0.0f;
@@ -2507,54 +2579,54 @@ __global__ void mlp_bwd_tiled_f32_dH(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += dF[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += dF[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_0_0 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
             }
             dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
             dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -2608,8 +2680,8 @@ __global__ void mlp_bwd_tiled_f32_dH(
     }
 }
 
-/* dH.edge: from the DNF
- * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+/* dH.edge: reads dF; scratch dH, WdT
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dH_edge(
     const float *__restrict__ X,
@@ -2657,8 +2729,8 @@ __global__ void mlp_bwd_tiled_f32_dH_edge(
     }
 }
 
-/* V.pack_Wu: from the DNF
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* V.pack_Wu: reads Wu; scratch Wu_panel
+ * for e_tile (parallel) / c / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f32_V_pack_Wu(
     const float *__restrict__ X,
@@ -2697,14 +2769,15 @@ __global__ void mlp_bwd_tiled_f32_V_pack_Wu(
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
     for (int64_t c = 0; c < dm; ++c) {
+        const int64_t Wu_panel_row = 8*c + 8*dm*e_tile;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            Wu_panel[Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
         }
     }
 }
 
-/* V: from the DNF
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* V: reads X; scratch V, Wu_panel
+ * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
 __global__ void mlp_bwd_tiled_f32_V(
     const float *__restrict__ X,
@@ -2745,6 +2818,12 @@ __global__ void mlp_bwd_tiled_f32_V(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             float acc_0_0 = 0.0f;
             float acc_0_1 = 0.0f;
             float acc_0_2 = 0.0f;
@@ -2794,54 +2873,54 @@ __global__ void mlp_bwd_tiled_f32_V(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_0_0 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
             }
             V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
             V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -2895,8 +2974,8 @@ __global__ void mlp_bwd_tiled_f32_V(
     }
 }
 
-/* V.edge: from the DNF
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* V.edge: reads X, Wu; scratch V
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_bwd_tiled_f32_V_edge(
     const float *__restrict__ X,
@@ -2944,8 +3023,8 @@ __global__ void mlp_bwd_tiled_f32_V_edge(
     }
 }
 
-/* dU: from the DNF
- * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+/* dU: reads U; scratch dU, dH, V
+ * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dU(
     const float *__restrict__ X,
@@ -2984,14 +3063,15 @@ __global__ void mlp_bwd_tiled_f32_dU(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        const float t = 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e]));
-        dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0f + U[dff*(b*n + i) + e] * (1.0f - t));
+        const float t = 1.0f / (1.0f + expf(-U[U_row + e]));
+        dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0f + U[U_row + e] * (1.0f - t));
     }
 }
 
-/* WgT: from the DNF
- * WgT[e, c] = (<c e> psi Wg)
+/* WgT: reads Wg; scratch WgT
+ * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_tiled_f32_WgT(
     const float *__restrict__ X,
@@ -3034,8 +3114,8 @@ __global__ void mlp_bwd_tiled_f32_WgT(
     }
 }
 
-/* dV: from the DNF
- * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+/* dV: reads U; scratch dV, dH
+ * for b, i (parallel) / e (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dV(
     const float *__restrict__ X,
@@ -3079,8 +3159,8 @@ __global__ void mlp_bwd_tiled_f32_dV(
     }
 }
 
-/* WuT: from the DNF
- * WuT[e, c] = (<c e> psi Wu)
+/* WuT: reads Wu; scratch WuT
+ * for e (parallel) / c (simd)
  */
 __global__ void mlp_bwd_tiled_f32_WuT(
     const float *__restrict__ X,
@@ -3123,9 +3203,8 @@ __global__ void mlp_bwd_tiled_f32_WuT(
     }
 }
 
-/* dX.pack_WgT: from the DNF
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* dX.pack_WgT: scratch WgT_panel, WgT
+ * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dX_pack_WgT(
     const float *__restrict__ X,
@@ -3164,15 +3243,15 @@ __global__ void mlp_bwd_tiled_f32_dX_pack_WgT(
     if (tid >= ((dm) / 8)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
+        const int64_t WgT_panel_row = 8*c_tile*dff + 8*e;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            WgT_panel[8*c_tile*dff + 8*e + lane] = WgT[8*c_tile + dm*e + lane];
+            WgT_panel[WgT_panel_row + lane] = WgT[8*c_tile + dm*e + lane];
         }
     }
 }
 
-/* dX.pack_WuT: from the DNF
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* dX.pack_WuT: scratch WuT_panel, WuT
+ * for c_tile (parallel) / e / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dX_pack_WuT(
     const float *__restrict__ X,
@@ -3211,15 +3290,15 @@ __global__ void mlp_bwd_tiled_f32_dX_pack_WuT(
     if (tid >= ((dm) / 8)) return;
     const int64_t c_tile = tid;
     for (int64_t e = 0; e < dff; ++e) {
+        const int64_t WuT_panel_row = 8*c_tile*dff + 8*e;
         for (int64_t lane = 0; lane < 8; ++lane) {
-            WuT_panel[8*c_tile*dff + 8*e + lane] = WuT[8*c_tile + dm*e + lane];
+            WuT_panel[WuT_panel_row + lane] = WuT[8*c_tile + dm*e + lane];
         }
     }
 }
 
-/* dX: from the DNF
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* dX: writes dX; scratch dU, WgT_panel, dV, WuT_panel
+ * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
  */
 __global__ void mlp_bwd_tiled_f32_dX(
     const float *__restrict__ X,
@@ -3260,6 +3339,18 @@ __global__ void mlp_bwd_tiled_f32_dX(
     const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            const int64_t dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+            const int64_t dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             float acc_0_0 = 0.0f;
             float acc_0_1 = 0.0f;
             float acc_0_2 = 0.0f;
@@ -3309,54 +3400,54 @@ __global__ void mlp_bwd_tiled_f32_dX(
             float acc_5_6 = 0.0f;
             float acc_5_7 = 0.0f;
             for (int64_t e = 0; e < dff; ++e) {
-                acc_0_0 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                acc_0_1 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_0_2 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_0_3 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_0_4 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_0_5 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_0_6 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_0_7 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_1_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                acc_1_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_1_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_1_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_1_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_1_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_1_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_1_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_2_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                acc_2_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_2_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_2_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_2_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_2_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_2_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_2_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_3_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                acc_3_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_3_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_3_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_3_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_3_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_3_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_3_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_4_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                acc_4_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_4_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_4_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_4_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_4_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_4_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_4_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                acc_5_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                acc_5_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                acc_5_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                acc_5_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                acc_5_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                acc_5_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                acc_5_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                acc_5_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_0_0 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                acc_0_1 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_0_2 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_0_3 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_0_4 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_0_5 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_0_6 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_0_7 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_1_0 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                acc_1_1 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_1_2 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_1_3 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_1_4 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_1_5 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_1_6 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_1_7 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_2_0 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                acc_2_1 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_2_2 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_2_3 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_2_4 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_2_5 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_2_6 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_2_7 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_3_0 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                acc_3_1 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_3_2 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_3_3 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_3_4 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_3_5 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_3_6 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_3_7 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_4_0 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                acc_4_1 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_4_2 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_4_3 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_4_4 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_4_5 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_4_6 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_4_7 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_5_0 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                acc_5_1 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_5_2 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_5_3 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_5_4 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_5_5 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_5_6 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_5_7 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
             }
             dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
             dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -3410,9 +3501,8 @@ __global__ void mlp_bwd_tiled_f32_dX(
     }
 }
 
-/* dX.edge: from the DNF
- * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
- *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+/* dX.edge: writes dX; scratch dU, WgT, dV, WuT
+ * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dX_edge(
     const float *__restrict__ X,
@@ -3460,8 +3550,8 @@ __global__ void mlp_bwd_tiled_f32_dX_edge(
     }
 }
 
-/* XT: from the DNF
- * XT[b, c, i] = (<b i c> psi X)
+/* XT: reads X; scratch XT
+ * for b, c (parallel) / i (simd)
  */
 __global__ void mlp_bwd_tiled_f32_XT(
     const float *__restrict__ X,
@@ -3505,8 +3595,8 @@ __global__ void mlp_bwd_tiled_f32_XT(
     }
 }
 
-/* dWg.pack_dU: from the DNF
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* dWg.pack_dU: scratch dU_panel, dU
+ * for e_tile (parallel) / b / i / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dWg_pack_dU(
     const float *__restrict__ X,
@@ -3546,15 +3636,17 @@ __global__ void mlp_bwd_tiled_f32_dWg_pack_dU(
     const int64_t e_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t dU_panel_row = 8*i + 8*n*(b + batch*e_tile);
+            const int64_t dU_row = dff*(b*n + i) + 8*e_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dU[dff*(b*n + i) + 8*e_tile + lane];
+                dU_panel[dU_panel_row + lane] = dU[dU_row + lane];
             }
         }
     }
 }
 
-/* dWg: from the DNF
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* dWg: writes dWg; scratch XT, dU_panel
+ * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
  */
 __global__ void mlp_bwd_tiled_f32_dWg(
     const float *__restrict__ X,
@@ -3642,55 +3734,61 @@ __global__ void mlp_bwd_tiled_f32_dWg(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+            const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+            const int64_t XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+            const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+            const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+            const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_0_0 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
         dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -3744,8 +3842,8 @@ __global__ void mlp_bwd_tiled_f32_dWg(
     }
 }
 
-/* dWg.edge: from the DNF
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+/* dWg.edge: writes dWg; scratch XT, dU
+ * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dWg_edge(
     const float *__restrict__ X,
@@ -3796,8 +3894,8 @@ __global__ void mlp_bwd_tiled_f32_dWg_edge(
     }
 }
 
-/* dWu.pack_dV: from the DNF
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* dWu.pack_dV: scratch dV_panel, dV
+ * for e_tile (parallel) / b / i / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dWu_pack_dV(
     const float *__restrict__ X,
@@ -3837,15 +3935,17 @@ __global__ void mlp_bwd_tiled_f32_dWu_pack_dV(
     const int64_t e_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t dV_panel_row = 8*i + 8*n*(b + batch*e_tile);
+            const int64_t dV_row = dff*(b*n + i) + 8*e_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dV[dff*(b*n + i) + 8*e_tile + lane];
+                dV_panel[dV_panel_row + lane] = dV[dV_row + lane];
             }
         }
     }
 }
 
-/* dWu: from the DNF
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* dWu: writes dWu; scratch XT, dV_panel
+ * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
  */
 __global__ void mlp_bwd_tiled_f32_dWu(
     const float *__restrict__ X,
@@ -3933,55 +4033,61 @@ __global__ void mlp_bwd_tiled_f32_dWu(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+            const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+            const int64_t XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+            const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+            const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+            const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_0_0 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
         dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -4035,8 +4141,8 @@ __global__ void mlp_bwd_tiled_f32_dWu(
     }
 }
 
-/* dWu.edge: from the DNF
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+/* dWu.edge: writes dWu; scratch XT, dV
+ * for c (parallel) / e / b / i (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dWu_edge(
     const float *__restrict__ X,
@@ -4087,8 +4193,8 @@ __global__ void mlp_bwd_tiled_f32_dWu_edge(
     }
 }
 
-/* HT: from the DNF
- * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+/* HT: reads U; scratch HT, V
+ * for b, e (parallel) / i (simd)
  */
 __global__ void mlp_bwd_tiled_f32_HT(
     const float *__restrict__ X,
@@ -4132,8 +4238,8 @@ __global__ void mlp_bwd_tiled_f32_HT(
     }
 }
 
-/* dWd.pack_dF: from the DNF
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* dWd.pack_dF: reads dF; scratch dF_panel
+ * for c_tile (parallel) / b / i / lane (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dWd_pack_dF(
     const float *__restrict__ X,
@@ -4173,15 +4279,17 @@ __global__ void mlp_bwd_tiled_f32_dWd_pack_dF(
     const int64_t c_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t dF_panel_row = 8*i + 8*n*(b + batch*c_tile);
+            const int64_t dF_row = 8*c_tile + dm*(b*n + i);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dF[8*c_tile + dm*(b*n + i) + lane];
+                dF_panel[dF_panel_row + lane] = dF[dF_row + lane];
             }
         }
     }
 }
 
-/* dWd: from the DNF
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* dWd: writes dWd; scratch HT, dF_panel
+ * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
  */
 __global__ void mlp_bwd_tiled_f32_dWd(
     const float *__restrict__ X,
@@ -4269,55 +4377,61 @@ __global__ void mlp_bwd_tiled_f32_dWd(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
+            const int64_t HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
+            const int64_t HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
+            const int64_t HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
+            const int64_t HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
+            const int64_t HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
+            const int64_t HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_0_1 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_0_2 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_0_3 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_0_4 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_0_5 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_0_6 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_0_7 += HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_1_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_1_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_1_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_1_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_1_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_1_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_1_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_1_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_2_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_2_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_2_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_2_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_2_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_2_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_2_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_2_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_3_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_3_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_3_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_3_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_3_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_3_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_3_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_3_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_4_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_4_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_4_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_4_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_4_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_4_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_4_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_4_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_5_0 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_5_1 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_5_2 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_5_3 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_5_4 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_5_5 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_5_6 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_5_7 += HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_0_0 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_0_1 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_0_2 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_0_3 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_0_4 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_0_5 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_0_6 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_0_7 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_1_0 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_1_1 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_1_2 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_1_3 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_1_4 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_1_5 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_1_6 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_1_7 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_2_0 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_2_1 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_2_2 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_2_3 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_2_4 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_2_5 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_2_6 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_2_7 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_3_0 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_3_1 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_3_2 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_3_3 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_3_4 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_3_5 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_3_6 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_3_7 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_4_0 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_4_1 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_4_2 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_4_3 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_4_4 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_4_5 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_4_6 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_4_7 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_5_0 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_5_1 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_5_2 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_5_3 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_5_4 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_5_5 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_5_6 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_5_7 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
             }
         }
         dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
@@ -4371,8 +4485,8 @@ __global__ void mlp_bwd_tiled_f32_dWd(
     }
 }
 
-/* dWd.edge: from the DNF
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+/* dWd.edge: writes dWd; reads dF; scratch HT
+ * for e (parallel) / c / b / i (simd)
  */
 __global__ void mlp_bwd_tiled_f32_dWd_edge(
     const float *__restrict__ X,
@@ -4458,184 +4572,183 @@ extern "C" int mlp_bwd_tiled_f32(
     int64_t dff
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         mlp_bwd_tiled_f32_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         mlp_bwd_tiled_f32_dH_pack_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         mlp_bwd_tiled_f32_dH<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_tiled_f32_dH_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         mlp_bwd_tiled_f32_V_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         mlp_bwd_tiled_f32_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_tiled_f32_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_tiled_f32_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         mlp_bwd_tiled_f32_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_tiled_f32_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         mlp_bwd_tiled_f32_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         mlp_bwd_tiled_f32_dX_pack_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         mlp_bwd_tiled_f32_dX_pack_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         mlp_bwd_tiled_f32_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_bwd_tiled_f32_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*dm;
+        const int64_t count = batch*dm, threads = 128;
         mlp_bwd_tiled_f32_XT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         mlp_bwd_tiled_f32_dWg_pack_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         mlp_bwd_tiled_f32_dWg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         mlp_bwd_tiled_f32_dWg_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         mlp_bwd_tiled_f32_dWu_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dff) / 8);
+        const int64_t count = ((dff) / 8), threads = 128;
         mlp_bwd_tiled_f32_dWu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm;
+        const int64_t count = dm, threads = 128;
         mlp_bwd_tiled_f32_dWu_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*dff;
+        const int64_t count = batch*dff, threads = 128;
         mlp_bwd_tiled_f32_HT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         mlp_bwd_tiled_f32_dWd_pack_dF<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         mlp_bwd_tiled_f32_dWd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dff;
+        const int64_t count = dff, threads = 128;
         mlp_bwd_tiled_f32_dWd_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();

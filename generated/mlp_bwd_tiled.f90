@@ -2,6 +2,22 @@
 ! Target cpu; schedule parameters mr=6 nr=8 row_block=0.
 ! Schedule: register_tile(dH, i x e, 6 x 8, packed); register_tile(V, i x e, 6 x 8, packed); register_tile(dX, i x c, 6 x 8, packed); register_tile(dWg, c x e, 6 x 8, packed); register_tile(dWu, c x e, 6 x 8, packed); register_tile(dWd, e x c, 6 x 8, packed); hoist(); parallel(b, e_tile, nest=dH); parallel(b, i, nest=dH.edge); parallel(b, e_tile, nest=V); parallel(b, i, nest=V.edge); parallel(b, c_tile, nest=dX); parallel(b, i, nest=dX.edge); parallel(e_tile, nest=dWg); parallel(c, nest=dWg.edge); parallel(e_tile, nest=dWu); parallel(c, nest=dWu.edge); parallel(c_tile, nest=dWd); parallel(e, nest=dWd.edge); parallel(b, i, nest=dV); parallel(b, i, nest=dU); parallel(c, nest=WdT); parallel(e, nest=WgT); parallel(e, nest=WuT); parallel(b, c, nest=XT); parallel(b, e, nest=HT); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran mlp_bwd --variant tiled
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! WdT[c, e] = (<e c> psi Wd)
+! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+! dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+! WgT[e, c] = (<c e> psi Wg)
+! dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+! WuT[e, c] = (<c e> psi Wu)
+! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+!               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+! XT[b, c, i] = (<b i c> psi X)
+! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -40,7 +56,13 @@ contains
     real(c_double), intent(out) :: dU_panel(0:((dff) / 8) * batch * n * 8 - 1)
     real(c_double), intent(out) :: dV_panel(0:((dff) / 8) * batch * n * 8 - 1)
     real(c_double), intent(out) :: dF_panel(0:((dm) / 8) * batch * n * 8 - 1)
-    integer(c_int64_t) :: c, e, e_tile, lane, b, i_tile, i, c_tile
+    integer(c_int64_t) :: c, e, e_tile, lane, b, i_tile, i, c_tile, WdT_panel_row, dF_row0, &
+        & dF_row1, dF_row2, dF_row3, dF_row4, dF_row5, Wu_panel_row, X_row0, X_row1, X_row2, &
+        & X_row3, X_row4, X_row5, U_row, WgT_panel_row, WuT_panel_row, dU_row0, dU_row1, dU_row2, &
+        & dU_row3, dU_row4, dU_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, &
+        & dU_panel_row, dU_row, XT_row0, XT_row1, XT_row2, XT_row3, XT_row4, XT_row5, &
+        & dV_panel_row, dV_row, dF_panel_row, dF_row, HT_row0, HT_row1, HT_row2, HT_row3, &
+        & HT_row4, HT_row5
     real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -49,8 +71,8 @@ contains
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
         & batch_d, hdf
 
-    ! WdT: from the DNF
-    ! WdT[c, e] = (<e c> psi Wd)
+    ! WdT: reads Wd; scratch WdT
+    ! for c (parallel) / e (simd)
     !$omp parallel do collapse(1) schedule(static) private(e)
     do c = 0, dm - 1
       !$omp simd
@@ -59,29 +81,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dH.pack_WdT: from the DNF
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! dH.pack_WdT: scratch WdT_panel, WdT
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, WdT_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        WdT_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          WdT_panel(8*c + 8*dm*e_tile + lane) = WdT(c*dff + 8*e_tile + lane)
+          WdT_panel(WdT_panel_row + lane) = WdT(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! dH: from the DNF
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! dH: reads dF; scratch dH, WdT_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, dF_row0, dF_row1, dF_row2, &
+    !$omp& dF_row3, dF_row4, dF_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
+    !$omp& acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+    !$omp& acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
+    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
+    !$omp& acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          dF_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          dF_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          dF_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          dF_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          dF_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          dF_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -132,102 +162,54 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 7)
           end do
           dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -281,8 +263,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dH.edge: from the DNF
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    ! dH.edge: reads dF; scratch dH, WdT
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, dfw)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -297,29 +279,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! V.pack_Wu: from the DNF
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! V.pack_Wu: reads Wu; scratch Wu_panel
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, Wu_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        Wu_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
+          Wu_panel(Wu_panel_row + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! V: from the DNF
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! V: reads X; scratch V, Wu_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, X_row0, X_row1, X_row2, &
+    !$omp& X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          X_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          X_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          X_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          X_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          X_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          X_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -370,101 +360,54 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
           end do
           V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -518,8 +461,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! V.edge: from the DNF
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    ! V.edge: reads X, Wu; scratch V
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -534,22 +477,23 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dU: from the DNF
-    ! dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
-    !$omp parallel do collapse(2) schedule(static) private(e, t)
+    ! dU: reads U; scratch dU, dH, V
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, U_row, t)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, dff - 1
-          t = 1.0_c_double / (1.0_c_double + exp(-U(dff*(b*n + i) + e)))
+          t = 1.0_c_double / (1.0_c_double + exp(-U(U_row + e)))
           dU(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * V(dff*(b*n + i) + e) * t * &
-              & (1.0_c_double + U(dff*(b*n + i) + e) * (1.0_c_double - t))
+              & (1.0_c_double + U(U_row + e) * (1.0_c_double - t))
         end do
       end do
     end do
     !$omp end parallel do
-    ! WgT: from the DNF
-    ! WgT[e, c] = (<c e> psi Wg)
+    ! WgT: reads Wg; scratch WgT
+    ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
       !$omp simd
@@ -558,8 +502,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dV: from the DNF
-    ! dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+    ! dV: reads U; scratch dV, dH
+    ! for b, i (parallel) / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -571,8 +515,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! WuT: from the DNF
-    ! WuT[e, c] = (<c e> psi Wu)
+    ! WuT: reads Wu; scratch WuT
+    ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
       !$omp simd
@@ -581,44 +525,57 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dX.pack_WgT: from the DNF
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    ! dX.pack_WgT: scratch WgT_panel, WgT
+    ! for c_tile (parallel) / e / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(e, lane, WgT_panel_row)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        WgT_panel_row = 8*c_tile*dff + 8*e
         !$omp simd
         do lane = 0, 7
-          WgT_panel(8*c_tile*dff + 8*e + lane) = WgT(8*c_tile + dm*e + lane)
+          WgT_panel(WgT_panel_row + lane) = WgT(8*c_tile + dm*e + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! dX.pack_WuT: from the DNF
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    ! dX.pack_WuT: scratch WuT_panel, WuT
+    ! for c_tile (parallel) / e / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(e, lane, WuT_panel_row)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        WuT_panel_row = 8*c_tile*dff + 8*e
         !$omp simd
         do lane = 0, 7
-          WuT_panel(8*c_tile*dff + 8*e + lane) = WuT(8*c_tile + dm*e + lane)
+          WuT_panel(WuT_panel_row + lane) = WuT(8*c_tile + dm*e + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! dX: from the DNF
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! dX: writes dX; scratch dU, WgT_panel, dV, WuT_panel
+    ! for b, c_tile (parallel) / i_tile / e (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, dU_row0, dU_row1, dU_row2, &
+    !$omp& dU_row3, dU_row4, dU_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, &
+    !$omp& acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, &
+    !$omp& acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, &
+    !$omp& acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, &
+    !$omp& acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
+    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, &
+    !$omp& acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do c_tile = 0, ((dm) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          dU_row0 = dff*(b*n + min(6*i_tile, n - 1))
+          dU_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+          dU_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+          dU_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+          dU_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+          dU_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
+          dV_row0 = dff*(b*n + min(6*i_tile, n - 1))
+          dV_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+          dV_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+          dV_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+          dV_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+          dV_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -669,149 +626,102 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff + 8*e)
-            acc_0_1 = acc_0_1 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 1) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 1)
-            acc_0_2 = acc_0_2 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 2) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 2)
-            acc_0_3 = acc_0_3 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 3) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 3)
-            acc_0_4 = acc_0_4 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 4) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 4)
-            acc_0_5 = acc_0_5 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 5) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 5)
-            acc_0_6 = acc_0_6 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 6) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 6)
-            acc_0_7 = acc_0_7 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 7) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 7)
-            acc_1_0 = acc_1_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WuT_panel(8*c_tile*dff + 8*e)
-            acc_1_1 = acc_1_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_1_2 = acc_1_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_1_3 = acc_1_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_1_4 = acc_1_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_1_5 = acc_1_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_1_6 = acc_1_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_1_7 = acc_1_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_2_0 = acc_2_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WuT_panel(8*c_tile*dff + 8*e)
-            acc_2_1 = acc_2_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_2_2 = acc_2_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_2_3 = acc_2_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_2_4 = acc_2_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_2_5 = acc_2_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_2_6 = acc_2_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_2_7 = acc_2_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_3_0 = acc_3_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WuT_panel(8*c_tile*dff + 8*e)
-            acc_3_1 = acc_3_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_3_2 = acc_3_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_3_3 = acc_3_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_3_4 = acc_3_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_3_5 = acc_3_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_3_6 = acc_3_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_3_7 = acc_3_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_4_0 = acc_4_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WuT_panel(8*c_tile*dff + 8*e)
-            acc_4_1 = acc_4_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_4_2 = acc_4_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_4_3 = acc_4_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_4_4 = acc_4_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_4_5 = acc_4_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_4_6 = acc_4_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_4_7 = acc_4_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_5_0 = acc_5_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WuT_panel(8*c_tile*dff + 8*e)
-            acc_5_1 = acc_5_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_5_2 = acc_5_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_5_3 = acc_5_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_5_4 = acc_5_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_5_5 = acc_5_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_5_6 = acc_5_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_5_7 = acc_5_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_0_0 = acc_0_0 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row0 + e) &
+                & * WuT_panel(8*c_tile*dff + 8*e)
+            acc_0_1 = acc_0_1 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_0_2 = acc_0_2 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_0_3 = acc_0_3 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_0_4 = acc_0_4 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_0_5 = acc_0_5 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_0_6 = acc_0_6 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_0_7 = acc_0_7 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_1_0 = acc_1_0 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row1 + e) &
+                & * WuT_panel(8*c_tile*dff + 8*e)
+            acc_1_1 = acc_1_1 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_1_2 = acc_1_2 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_1_3 = acc_1_3 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_1_4 = acc_1_4 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_1_5 = acc_1_5 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_1_6 = acc_1_6 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_1_7 = acc_1_7 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_2_0 = acc_2_0 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row2 + e) &
+                & * WuT_panel(8*c_tile*dff + 8*e)
+            acc_2_1 = acc_2_1 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_2_2 = acc_2_2 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_2_3 = acc_2_3 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_2_4 = acc_2_4 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_2_5 = acc_2_5 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_2_6 = acc_2_6 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_2_7 = acc_2_7 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_3_0 = acc_3_0 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row3 + e) &
+                & * WuT_panel(8*c_tile*dff + 8*e)
+            acc_3_1 = acc_3_1 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_3_2 = acc_3_2 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_3_3 = acc_3_3 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_3_4 = acc_3_4 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_3_5 = acc_3_5 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_3_6 = acc_3_6 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_3_7 = acc_3_7 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_4_0 = acc_4_0 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row4 + e) &
+                & * WuT_panel(8*c_tile*dff + 8*e)
+            acc_4_1 = acc_4_1 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_4_2 = acc_4_2 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_4_3 = acc_4_3 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_4_4 = acc_4_4 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_4_5 = acc_4_5 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_4_6 = acc_4_6 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_4_7 = acc_4_7 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_5_0 = acc_5_0 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row5 + e) &
+                & * WuT_panel(8*c_tile*dff + 8*e)
+            acc_5_1 = acc_5_1 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_5_2 = acc_5_2 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_5_3 = acc_5_3 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_5_4 = acc_5_4 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_5_5 = acc_5_5 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_5_6 = acc_5_6 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_5_7 = acc_5_7 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
           end do
           dX(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
           dX(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -865,9 +775,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dX.edge: from the DNF
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    ! dX.edge: writes dX; scratch dU, WgT, dV, WuT
+    ! for b, i (parallel) / c / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, e, dug)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -883,8 +792,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! XT: from the DNF
-    ! XT[b, c, i] = (<b i c> psi X)
+    ! XT: reads X; scratch XT
+    ! for b, c (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do c = 0, dm - 1
@@ -895,28 +804,31 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWg.pack_dU: from the DNF
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! dWg.pack_dU: scratch dU_panel, dU
+    ! for e_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, dU_panel_row, dU_row)
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          dU_panel_row = 8*i + 8*n*(b + batch*e_tile)
+          dU_row = dff*(b*n + i) + 8*e_tile
           !$omp simd
           do lane = 0, 7
-            dU_panel(8*i + lane + 8*n*(b + batch*e_tile)) = dU(dff*(b*n + i) + 8*e_tile + lane)
+            dU_panel(dU_panel_row + lane) = dU(dU_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWg: from the DNF
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! dWg: writes dWg; scratch XT, dU_panel
+    ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, XT_row0, XT_row1, &
+    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do e_tile = 0, ((dff) / 8) - 1
       do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_double
@@ -969,104 +881,62 @@ contains
         acc_5_7 = 0.0_c_double
         !GCC$ novector
         do b = 0, batch - 1
+          XT_row0 = n*(b*dm + min(6*c_tile, dm - 1))
+          XT_row1 = n*(b*dm + min(dm - 1, 6*c_tile + 1))
+          XT_row2 = n*(b*dm + min(dm - 1, 6*c_tile + 2))
+          XT_row3 = n*(b*dm + min(dm - 1, 6*c_tile + 3))
+          XT_row4 = n*(b*dm + min(dm - 1, 6*c_tile + 4))
+          XT_row5 = n*(b*dm + min(dm - 1, 6*c_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile))
-            acc_0_1 = acc_0_1 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
+            acc_0_0 = acc_0_0 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_0_1 = acc_0_1 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_0_2 = acc_0_2 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_0_3 = acc_0_3 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_0_4 = acc_0_4 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_0_5 = acc_0_5 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_0_6 = acc_0_6 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_0_7 = acc_0_7 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
           end do
         end do
         dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
@@ -1120,8 +990,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWg.edge: from the DNF
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    ! dWg.edge: writes dWg; scratch XT, dU
+    ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
@@ -1138,28 +1008,31 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWu.pack_dV: from the DNF
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! dWu.pack_dV: scratch dV_panel, dV
+    ! for e_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, dV_panel_row, dV_row)
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          dV_panel_row = 8*i + 8*n*(b + batch*e_tile)
+          dV_row = dff*(b*n + i) + 8*e_tile
           !$omp simd
           do lane = 0, 7
-            dV_panel(8*i + lane + 8*n*(b + batch*e_tile)) = dV(dff*(b*n + i) + 8*e_tile + lane)
+            dV_panel(dV_panel_row + lane) = dV(dV_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWu: from the DNF
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! dWu: writes dWu; scratch XT, dV_panel
+    ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, XT_row0, XT_row1, &
+    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do e_tile = 0, ((dff) / 8) - 1
       do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_double
@@ -1212,104 +1085,62 @@ contains
         acc_5_7 = 0.0_c_double
         !GCC$ novector
         do b = 0, batch - 1
+          XT_row0 = n*(b*dm + min(6*c_tile, dm - 1))
+          XT_row1 = n*(b*dm + min(dm - 1, 6*c_tile + 1))
+          XT_row2 = n*(b*dm + min(dm - 1, 6*c_tile + 2))
+          XT_row3 = n*(b*dm + min(dm - 1, 6*c_tile + 3))
+          XT_row4 = n*(b*dm + min(dm - 1, 6*c_tile + 4))
+          XT_row5 = n*(b*dm + min(dm - 1, 6*c_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile))
-            acc_0_1 = acc_0_1 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
+            acc_0_0 = acc_0_0 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_0_1 = acc_0_1 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_0_2 = acc_0_2 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_0_3 = acc_0_3 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_0_4 = acc_0_4 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_0_5 = acc_0_5 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_0_6 = acc_0_6 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_0_7 = acc_0_7 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
           end do
         end do
         dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
@@ -1363,8 +1194,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWu.edge: from the DNF
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    ! dWu.edge: writes dWu; scratch XT, dV
+    ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
@@ -1381,8 +1212,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! HT: from the DNF
-    ! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    ! HT: reads U; scratch HT, V
+    ! for b, e (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do e = 0, dff - 1
@@ -1394,28 +1225,31 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWd.pack_dF: from the DNF
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! dWd.pack_dF: reads dF; scratch dF_panel
+    ! for c_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, dF_panel_row, dF_row)
     do c_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          dF_panel_row = 8*i + 8*n*(b + batch*c_tile)
+          dF_row = 8*c_tile + dm*(b*n + i)
           !$omp simd
           do lane = 0, 7
-            dF_panel(8*i + lane + 8*n*(b + batch*c_tile)) = dF(8*c_tile + dm*(b*n + i) + lane)
+            dF_panel(dF_panel_row + lane) = dF(dF_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWd: from the DNF
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
-    !$omp parallel do collapse(1) schedule(static) private(e_tile, b, i, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! dWd: writes dWd; scratch HT, dF_panel
+    ! for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
+    !$omp parallel do collapse(1) schedule(static) private(e_tile, b, i, HT_row0, HT_row1, &
+    !$omp& HT_row2, HT_row3, HT_row4, HT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do c_tile = 0, ((dm) / 8) - 1
       do e_tile = 0, ((dff + 5) / 6) - 1
         acc_0_0 = 0.0_c_double
@@ -1468,104 +1302,62 @@ contains
         acc_5_7 = 0.0_c_double
         !GCC$ novector
         do b = 0, batch - 1
+          HT_row0 = n*(b*dff + min(6*e_tile, dff - 1))
+          HT_row1 = n*(b*dff + min(dff - 1, 6*e_tile + 1))
+          HT_row2 = n*(b*dff + min(dff - 1, 6*e_tile + 2))
+          HT_row3 = n*(b*dff + min(dff - 1, 6*e_tile + 3))
+          HT_row4 = n*(b*dff + min(dff - 1, 6*e_tile + 4))
+          HT_row5 = n*(b*dff + min(dff - 1, 6*e_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile))
-            acc_0_1 = acc_0_1 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 1)
-            acc_0_2 = acc_0_2 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 2)
-            acc_0_3 = acc_0_3 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 3)
-            acc_0_4 = acc_0_4 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 4)
-            acc_0_5 = acc_0_5 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 5)
-            acc_0_6 = acc_0_6 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 6)
-            acc_0_7 = acc_0_7 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 7)
-            acc_1_0 = acc_1_0 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile))
-            acc_1_1 = acc_1_1 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 1)
-            acc_1_2 = acc_1_2 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 2)
-            acc_1_3 = acc_1_3 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 3)
-            acc_1_4 = acc_1_4 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 4)
-            acc_1_5 = acc_1_5 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 5)
-            acc_1_6 = acc_1_6 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 6)
-            acc_1_7 = acc_1_7 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 7)
-            acc_2_0 = acc_2_0 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile))
-            acc_2_1 = acc_2_1 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 1)
-            acc_2_2 = acc_2_2 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 2)
-            acc_2_3 = acc_2_3 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 3)
-            acc_2_4 = acc_2_4 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 4)
-            acc_2_5 = acc_2_5 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 5)
-            acc_2_6 = acc_2_6 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 6)
-            acc_2_7 = acc_2_7 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 7)
-            acc_3_0 = acc_3_0 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile))
-            acc_3_1 = acc_3_1 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 1)
-            acc_3_2 = acc_3_2 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 2)
-            acc_3_3 = acc_3_3 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 3)
-            acc_3_4 = acc_3_4 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 4)
-            acc_3_5 = acc_3_5 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 5)
-            acc_3_6 = acc_3_6 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 6)
-            acc_3_7 = acc_3_7 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 7)
-            acc_4_0 = acc_4_0 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile))
-            acc_4_1 = acc_4_1 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 1)
-            acc_4_2 = acc_4_2 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 2)
-            acc_4_3 = acc_4_3 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 3)
-            acc_4_4 = acc_4_4 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 4)
-            acc_4_5 = acc_4_5 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 5)
-            acc_4_6 = acc_4_6 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 6)
-            acc_4_7 = acc_4_7 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 7)
-            acc_5_0 = acc_5_0 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile))
-            acc_5_1 = acc_5_1 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 1)
-            acc_5_2 = acc_5_2 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 2)
-            acc_5_3 = acc_5_3 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 3)
-            acc_5_4 = acc_5_4 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 4)
-            acc_5_5 = acc_5_5 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 5)
-            acc_5_6 = acc_5_6 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 6)
-            acc_5_7 = acc_5_7 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 7)
+            acc_0_0 = acc_0_0 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_0_1 = acc_0_1 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_0_2 = acc_0_2 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_0_3 = acc_0_3 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_0_4 = acc_0_4 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_0_5 = acc_0_5 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_0_6 = acc_0_6 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_0_7 = acc_0_7 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_1_0 = acc_1_0 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_1_1 = acc_1_1 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_1_2 = acc_1_2 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_1_3 = acc_1_3 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_1_4 = acc_1_4 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_1_5 = acc_1_5 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_1_6 = acc_1_6 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_1_7 = acc_1_7 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_2_0 = acc_2_0 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_2_1 = acc_2_1 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_2_2 = acc_2_2 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_2_3 = acc_2_3 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_2_4 = acc_2_4 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_2_5 = acc_2_5 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_2_6 = acc_2_6 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_2_7 = acc_2_7 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_3_0 = acc_3_0 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_3_1 = acc_3_1 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_3_2 = acc_3_2 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_3_3 = acc_3_3 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_3_4 = acc_3_4 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_3_5 = acc_3_5 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_3_6 = acc_3_6 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_3_7 = acc_3_7 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_4_0 = acc_4_0 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_4_1 = acc_4_1 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_4_2 = acc_4_2 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_4_3 = acc_4_3 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_4_4 = acc_4_4 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_4_5 = acc_4_5 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_4_6 = acc_4_6 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_4_7 = acc_4_7 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_5_0 = acc_5_0 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_5_1 = acc_5_1 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_5_2 = acc_5_2 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_5_3 = acc_5_3 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_5_4 = acc_5_4 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_5_5 = acc_5_5 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_5_6 = acc_5_6 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_5_7 = acc_5_7 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
           end do
         end do
         dWd(8*c_tile + dm*min(6*e_tile, dff - 1)) = acc_0_0
@@ -1619,8 +1411,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWd.edge: from the DNF
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    ! dWd.edge: writes dWd; reads dF; scratch HT
+    ! for e (parallel) / c / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
     do e = 0, dff - 1
       do c = 8*((dm) / 8), dm - 1
@@ -1670,7 +1462,13 @@ contains
     real(c_float), intent(out) :: dU_panel(0:((dff) / 8) * batch * n * 8 - 1)
     real(c_float), intent(out) :: dV_panel(0:((dff) / 8) * batch * n * 8 - 1)
     real(c_float), intent(out) :: dF_panel(0:((dm) / 8) * batch * n * 8 - 1)
-    integer(c_int64_t) :: c, e, e_tile, lane, b, i_tile, i, c_tile
+    integer(c_int64_t) :: c, e, e_tile, lane, b, i_tile, i, c_tile, WdT_panel_row, dF_row0, &
+        & dF_row1, dF_row2, dF_row3, dF_row4, dF_row5, Wu_panel_row, X_row0, X_row1, X_row2, &
+        & X_row3, X_row4, X_row5, U_row, WgT_panel_row, WuT_panel_row, dU_row0, dU_row1, dU_row2, &
+        & dU_row3, dU_row4, dU_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, &
+        & dU_panel_row, dU_row, XT_row0, XT_row1, XT_row2, XT_row3, XT_row4, XT_row5, &
+        & dV_panel_row, dV_row, dF_panel_row, dF_row, HT_row0, HT_row1, HT_row2, HT_row3, &
+        & HT_row4, HT_row5
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -1679,8 +1477,8 @@ contains
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
         & batch_d, hdf
 
-    ! WdT: from the DNF
-    ! WdT[c, e] = (<e c> psi Wd)
+    ! WdT: reads Wd; scratch WdT
+    ! for c (parallel) / e (simd)
     !$omp parallel do collapse(1) schedule(static) private(e)
     do c = 0, dm - 1
       !$omp simd
@@ -1689,29 +1487,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dH.pack_WdT: from the DNF
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! dH.pack_WdT: scratch WdT_panel, WdT
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, WdT_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        WdT_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          WdT_panel(8*c + 8*dm*e_tile + lane) = WdT(c*dff + 8*e_tile + lane)
+          WdT_panel(WdT_panel_row + lane) = WdT(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! dH: from the DNF
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! dH: reads dF; scratch dH, WdT_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, dF_row0, dF_row1, dF_row2, &
+    !$omp& dF_row3, dF_row4, dF_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
+    !$omp& acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+    !$omp& acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
+    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
+    !$omp& acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          dF_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          dF_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          dF_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          dF_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          dF_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          dF_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -1762,102 +1568,54 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + dF(c + dm*(b*n + min(6*i_tile, n - 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + dF(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * WdT_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + dF(dF_row0 + c) * WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + dF(dF_row1 + c) * WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + dF(dF_row2 + c) * WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + dF(dF_row3 + c) * WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + dF(dF_row4 + c) * WdT_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + dF(dF_row5 + c) * WdT_panel(8*c + 8*dm*e_tile + 7)
           end do
           dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -1911,8 +1669,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dH.edge: from the DNF
-    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    ! dH.edge: reads dF; scratch dH, WdT
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, dfw)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -1927,29 +1685,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! V.pack_Wu: from the DNF
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! V.pack_Wu: reads Wu; scratch Wu_panel
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, Wu_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        Wu_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
+          Wu_panel(Wu_panel_row + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! V: from the DNF
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! V: reads X; scratch V, Wu_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, X_row0, X_row1, X_row2, &
+    !$omp& X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          X_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          X_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          X_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          X_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          X_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          X_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -2000,101 +1766,54 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
           end do
           V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -2148,8 +1867,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! V.edge: from the DNF
-    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    ! V.edge: reads X, Wu; scratch V
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -2164,22 +1883,23 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dU: from the DNF
-    ! dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
-    !$omp parallel do collapse(2) schedule(static) private(e, t)
+    ! dU: reads U; scratch dU, dH, V
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, U_row, t)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, dff - 1
-          t = 1.0_c_float / (1.0_c_float + exp(-U(dff*(b*n + i) + e)))
+          t = 1.0_c_float / (1.0_c_float + exp(-U(U_row + e)))
           dU(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * V(dff*(b*n + i) + e) * t * (1.0_c_float &
-              & + U(dff*(b*n + i) + e) * (1.0_c_float - t))
+              & + U(U_row + e) * (1.0_c_float - t))
         end do
       end do
     end do
     !$omp end parallel do
-    ! WgT: from the DNF
-    ! WgT[e, c] = (<c e> psi Wg)
+    ! WgT: reads Wg; scratch WgT
+    ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
       !$omp simd
@@ -2188,8 +1908,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dV: from the DNF
-    ! dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+    ! dV: reads U; scratch dV, dH
+    ! for b, i (parallel) / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -2201,8 +1921,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! WuT: from the DNF
-    ! WuT[e, c] = (<c e> psi Wu)
+    ! WuT: reads Wu; scratch WuT
+    ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
       !$omp simd
@@ -2211,44 +1931,57 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dX.pack_WgT: from the DNF
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    ! dX.pack_WgT: scratch WgT_panel, WgT
+    ! for c_tile (parallel) / e / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(e, lane, WgT_panel_row)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        WgT_panel_row = 8*c_tile*dff + 8*e
         !$omp simd
         do lane = 0, 7
-          WgT_panel(8*c_tile*dff + 8*e + lane) = WgT(8*c_tile + dm*e + lane)
+          WgT_panel(WgT_panel_row + lane) = WgT(8*c_tile + dm*e + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! dX.pack_WuT: from the DNF
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    ! dX.pack_WuT: scratch WuT_panel, WuT
+    ! for c_tile (parallel) / e / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(e, lane, WuT_panel_row)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        WuT_panel_row = 8*c_tile*dff + 8*e
         !$omp simd
         do lane = 0, 7
-          WuT_panel(8*c_tile*dff + 8*e + lane) = WuT(8*c_tile + dm*e + lane)
+          WuT_panel(WuT_panel_row + lane) = WuT(8*c_tile + dm*e + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! dX: from the DNF
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! dX: writes dX; scratch dU, WgT_panel, dV, WuT_panel
+    ! for b, c_tile (parallel) / i_tile / e (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, dU_row0, dU_row1, dU_row2, &
+    !$omp& dU_row3, dU_row4, dU_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, &
+    !$omp& acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, &
+    !$omp& acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, &
+    !$omp& acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, &
+    !$omp& acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
+    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, &
+    !$omp& acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do c_tile = 0, ((dm) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          dU_row0 = dff*(b*n + min(6*i_tile, n - 1))
+          dU_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+          dU_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+          dU_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+          dU_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+          dU_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
+          dV_row0 = dff*(b*n + min(6*i_tile, n - 1))
+          dV_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+          dV_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+          dV_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+          dV_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+          dV_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -2299,149 +2032,102 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff + 8*e)
-            acc_0_1 = acc_0_1 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 1) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 1)
-            acc_0_2 = acc_0_2 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 2) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 2)
-            acc_0_3 = acc_0_3 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 3) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 3)
-            acc_0_4 = acc_0_4 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 4) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 4)
-            acc_0_5 = acc_0_5 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 5) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 5)
-            acc_0_6 = acc_0_6 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 6) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 6)
-            acc_0_7 = acc_0_7 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * WgT_panel(8*c_tile*dff &
-                & + 8*e + 7) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * WuT_panel(8*c_tile*dff &
-                & + 8*e + 7)
-            acc_1_0 = acc_1_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WuT_panel(8*c_tile*dff + 8*e)
-            acc_1_1 = acc_1_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_1_2 = acc_1_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_1_3 = acc_1_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_1_4 = acc_1_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_1_5 = acc_1_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_1_6 = acc_1_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_1_7 = acc_1_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_2_0 = acc_2_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WuT_panel(8*c_tile*dff + 8*e)
-            acc_2_1 = acc_2_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_2_2 = acc_2_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_2_3 = acc_2_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_2_4 = acc_2_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_2_5 = acc_2_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_2_6 = acc_2_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_2_7 = acc_2_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_3_0 = acc_3_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WuT_panel(8*c_tile*dff + 8*e)
-            acc_3_1 = acc_3_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_3_2 = acc_3_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_3_3 = acc_3_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_3_4 = acc_3_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_3_5 = acc_3_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_3_6 = acc_3_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_3_7 = acc_3_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_4_0 = acc_4_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WuT_panel(8*c_tile*dff + 8*e)
-            acc_4_1 = acc_4_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_4_2 = acc_4_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_4_3 = acc_4_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_4_4 = acc_4_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_4_5 = acc_4_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_4_6 = acc_4_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_4_7 = acc_4_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_5_0 = acc_5_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WuT_panel(8*c_tile*dff + 8*e)
-            acc_5_1 = acc_5_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_5_2 = acc_5_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_5_3 = acc_5_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_5_4 = acc_5_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_5_5 = acc_5_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_5_6 = acc_5_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_5_7 = acc_5_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_0_0 = acc_0_0 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row0 + e) &
+                & * WuT_panel(8*c_tile*dff + 8*e)
+            acc_0_1 = acc_0_1 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_0_2 = acc_0_2 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_0_3 = acc_0_3 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_0_4 = acc_0_4 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_0_5 = acc_0_5 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_0_6 = acc_0_6 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_0_7 = acc_0_7 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dV_row0 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_1_0 = acc_1_0 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row1 + e) &
+                & * WuT_panel(8*c_tile*dff + 8*e)
+            acc_1_1 = acc_1_1 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_1_2 = acc_1_2 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_1_3 = acc_1_3 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_1_4 = acc_1_4 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_1_5 = acc_1_5 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_1_6 = acc_1_6 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_1_7 = acc_1_7 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dV_row1 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_2_0 = acc_2_0 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row2 + e) &
+                & * WuT_panel(8*c_tile*dff + 8*e)
+            acc_2_1 = acc_2_1 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_2_2 = acc_2_2 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_2_3 = acc_2_3 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_2_4 = acc_2_4 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_2_5 = acc_2_5 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_2_6 = acc_2_6 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_2_7 = acc_2_7 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dV_row2 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_3_0 = acc_3_0 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row3 + e) &
+                & * WuT_panel(8*c_tile*dff + 8*e)
+            acc_3_1 = acc_3_1 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_3_2 = acc_3_2 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_3_3 = acc_3_3 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_3_4 = acc_3_4 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_3_5 = acc_3_5 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_3_6 = acc_3_6 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_3_7 = acc_3_7 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dV_row3 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_4_0 = acc_4_0 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row4 + e) &
+                & * WuT_panel(8*c_tile*dff + 8*e)
+            acc_4_1 = acc_4_1 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_4_2 = acc_4_2 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_4_3 = acc_4_3 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_4_4 = acc_4_4 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_4_5 = acc_4_5 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_4_6 = acc_4_6 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_4_7 = acc_4_7 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dV_row4 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+            acc_5_0 = acc_5_0 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row5 + e) &
+                & * WuT_panel(8*c_tile*dff + 8*e)
+            acc_5_1 = acc_5_1 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+            acc_5_2 = acc_5_2 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+            acc_5_3 = acc_5_3 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+            acc_5_4 = acc_5_4 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+            acc_5_5 = acc_5_5 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+            acc_5_6 = acc_5_6 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+            acc_5_7 = acc_5_7 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dV_row5 &
+                & + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
           end do
           dX(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
           dX(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -2495,9 +2181,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dX.edge: from the DNF
-    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    ! dX.edge: writes dX; scratch dU, WgT, dV, WuT
+    ! for b, i (parallel) / c / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, e, dug)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -2513,8 +2198,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! XT: from the DNF
-    ! XT[b, c, i] = (<b i c> psi X)
+    ! XT: reads X; scratch XT
+    ! for b, c (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do c = 0, dm - 1
@@ -2525,28 +2210,31 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWg.pack_dU: from the DNF
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! dWg.pack_dU: scratch dU_panel, dU
+    ! for e_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, dU_panel_row, dU_row)
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          dU_panel_row = 8*i + 8*n*(b + batch*e_tile)
+          dU_row = dff*(b*n + i) + 8*e_tile
           !$omp simd
           do lane = 0, 7
-            dU_panel(8*i + lane + 8*n*(b + batch*e_tile)) = dU(dff*(b*n + i) + 8*e_tile + lane)
+            dU_panel(dU_panel_row + lane) = dU(dU_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWg: from the DNF
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! dWg: writes dWg; scratch XT, dU_panel
+    ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, XT_row0, XT_row1, &
+    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do e_tile = 0, ((dff) / 8) - 1
       do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_float
@@ -2599,104 +2287,62 @@ contains
         acc_5_7 = 0.0_c_float
         !GCC$ novector
         do b = 0, batch - 1
+          XT_row0 = n*(b*dm + min(6*c_tile, dm - 1))
+          XT_row1 = n*(b*dm + min(dm - 1, 6*c_tile + 1))
+          XT_row2 = n*(b*dm + min(dm - 1, 6*c_tile + 2))
+          XT_row3 = n*(b*dm + min(dm - 1, 6*c_tile + 3))
+          XT_row4 = n*(b*dm + min(dm - 1, 6*c_tile + 4))
+          XT_row5 = n*(b*dm + min(dm - 1, 6*c_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile))
-            acc_0_1 = acc_0_1 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dU_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dU_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
+            acc_0_0 = acc_0_0 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_0_1 = acc_0_1 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_0_2 = acc_0_2 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_0_3 = acc_0_3 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_0_4 = acc_0_4 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_0_5 = acc_0_5 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_0_6 = acc_0_6 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_0_7 = acc_0_7 + XT(XT_row0 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + XT(XT_row1 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + XT(XT_row2 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + XT(XT_row3 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + XT(XT_row4 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + XT(XT_row5 + i) * dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
           end do
         end do
         dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
@@ -2750,8 +2396,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWg.edge: from the DNF
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
+    ! dWg.edge: writes dWg; scratch XT, dU
+    ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
@@ -2768,28 +2414,31 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWu.pack_dV: from the DNF
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! dWu.pack_dV: scratch dV_panel, dV
+    ! for e_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, dV_panel_row, dV_row)
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          dV_panel_row = 8*i + 8*n*(b + batch*e_tile)
+          dV_row = dff*(b*n + i) + 8*e_tile
           !$omp simd
           do lane = 0, 7
-            dV_panel(8*i + lane + 8*n*(b + batch*e_tile)) = dV(dff*(b*n + i) + 8*e_tile + lane)
+            dV_panel(dV_panel_row + lane) = dV(dV_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWu: from the DNF
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! dWu: writes dWu; scratch XT, dV_panel
+    ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, XT_row0, XT_row1, &
+    !$omp& XT_row2, XT_row3, XT_row4, XT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do e_tile = 0, ((dff) / 8) - 1
       do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_float
@@ -2842,104 +2491,62 @@ contains
         acc_5_7 = 0.0_c_float
         !GCC$ novector
         do b = 0, batch - 1
+          XT_row0 = n*(b*dm + min(6*c_tile, dm - 1))
+          XT_row1 = n*(b*dm + min(dm - 1, 6*c_tile + 1))
+          XT_row2 = n*(b*dm + min(dm - 1, 6*c_tile + 2))
+          XT_row3 = n*(b*dm + min(dm - 1, 6*c_tile + 3))
+          XT_row4 = n*(b*dm + min(dm - 1, 6*c_tile + 4))
+          XT_row5 = n*(b*dm + min(dm - 1, 6*c_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile))
-            acc_0_1 = acc_0_1 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * dV_panel(8*i + 8*n*(b &
-                & + batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * dV_panel(8*i + &
-                & 8*n*(b + batch*e_tile) + 7)
+            acc_0_0 = acc_0_0 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_0_1 = acc_0_1 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_0_2 = acc_0_2 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_0_3 = acc_0_3 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_0_4 = acc_0_4 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_0_5 = acc_0_5 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_0_6 = acc_0_6 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_0_7 = acc_0_7 + XT(XT_row0 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + XT(XT_row1 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + XT(XT_row2 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + XT(XT_row3 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + XT(XT_row4 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + XT(XT_row5 + i) * dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
           end do
         end do
         dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
@@ -2993,8 +2600,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWu.edge: from the DNF
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
+    ! dWu.edge: writes dWu; scratch XT, dV
+    ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
@@ -3011,8 +2618,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! HT: from the DNF
-    ! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    ! HT: reads U; scratch HT, V
+    ! for b, e (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do e = 0, dff - 1
@@ -3024,28 +2631,31 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWd.pack_dF: from the DNF
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! dWd.pack_dF: reads dF; scratch dF_panel
+    ! for c_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, dF_panel_row, dF_row)
     do c_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          dF_panel_row = 8*i + 8*n*(b + batch*c_tile)
+          dF_row = 8*c_tile + dm*(b*n + i)
           !$omp simd
           do lane = 0, 7
-            dF_panel(8*i + lane + 8*n*(b + batch*c_tile)) = dF(8*c_tile + dm*(b*n + i) + lane)
+            dF_panel(dF_panel_row + lane) = dF(dF_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWd: from the DNF
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
-    !$omp parallel do collapse(1) schedule(static) private(e_tile, b, i, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! dWd: writes dWd; scratch HT, dF_panel
+    ! for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
+    !$omp parallel do collapse(1) schedule(static) private(e_tile, b, i, HT_row0, HT_row1, &
+    !$omp& HT_row2, HT_row3, HT_row4, HT_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do c_tile = 0, ((dm) / 8) - 1
       do e_tile = 0, ((dff + 5) / 6) - 1
         acc_0_0 = 0.0_c_float
@@ -3098,104 +2708,62 @@ contains
         acc_5_7 = 0.0_c_float
         !GCC$ novector
         do b = 0, batch - 1
+          HT_row0 = n*(b*dff + min(6*e_tile, dff - 1))
+          HT_row1 = n*(b*dff + min(dff - 1, 6*e_tile + 1))
+          HT_row2 = n*(b*dff + min(dff - 1, 6*e_tile + 2))
+          HT_row3 = n*(b*dff + min(dff - 1, 6*e_tile + 3))
+          HT_row4 = n*(b*dff + min(dff - 1, 6*e_tile + 4))
+          HT_row5 = n*(b*dff + min(dff - 1, 6*e_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile))
-            acc_0_1 = acc_0_1 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 1)
-            acc_0_2 = acc_0_2 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 2)
-            acc_0_3 = acc_0_3 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 3)
-            acc_0_4 = acc_0_4 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 4)
-            acc_0_5 = acc_0_5 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 5)
-            acc_0_6 = acc_0_6 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 6)
-            acc_0_7 = acc_0_7 + HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 7)
-            acc_1_0 = acc_1_0 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile))
-            acc_1_1 = acc_1_1 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 1)
-            acc_1_2 = acc_1_2 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 2)
-            acc_1_3 = acc_1_3 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 3)
-            acc_1_4 = acc_1_4 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 4)
-            acc_1_5 = acc_1_5 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 5)
-            acc_1_6 = acc_1_6 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 6)
-            acc_1_7 = acc_1_7 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 7)
-            acc_2_0 = acc_2_0 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile))
-            acc_2_1 = acc_2_1 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 1)
-            acc_2_2 = acc_2_2 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 2)
-            acc_2_3 = acc_2_3 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 3)
-            acc_2_4 = acc_2_4 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 4)
-            acc_2_5 = acc_2_5 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 5)
-            acc_2_6 = acc_2_6 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 6)
-            acc_2_7 = acc_2_7 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 7)
-            acc_3_0 = acc_3_0 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile))
-            acc_3_1 = acc_3_1 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 1)
-            acc_3_2 = acc_3_2 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 2)
-            acc_3_3 = acc_3_3 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 3)
-            acc_3_4 = acc_3_4 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 4)
-            acc_3_5 = acc_3_5 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 5)
-            acc_3_6 = acc_3_6 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 6)
-            acc_3_7 = acc_3_7 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 7)
-            acc_4_0 = acc_4_0 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile))
-            acc_4_1 = acc_4_1 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 1)
-            acc_4_2 = acc_4_2 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 2)
-            acc_4_3 = acc_4_3 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 3)
-            acc_4_4 = acc_4_4 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 4)
-            acc_4_5 = acc_4_5 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 5)
-            acc_4_6 = acc_4_6 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 6)
-            acc_4_7 = acc_4_7 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 7)
-            acc_5_0 = acc_5_0 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile))
-            acc_5_1 = acc_5_1 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 1)
-            acc_5_2 = acc_5_2 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 2)
-            acc_5_3 = acc_5_3 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 3)
-            acc_5_4 = acc_5_4 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 4)
-            acc_5_5 = acc_5_5 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 5)
-            acc_5_6 = acc_5_6 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 6)
-            acc_5_7 = acc_5_7 + HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * dF_panel(8*i + &
-                & 8*n*(b + batch*c_tile) + 7)
+            acc_0_0 = acc_0_0 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_0_1 = acc_0_1 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_0_2 = acc_0_2 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_0_3 = acc_0_3 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_0_4 = acc_0_4 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_0_5 = acc_0_5 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_0_6 = acc_0_6 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_0_7 = acc_0_7 + HT(HT_row0 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_1_0 = acc_1_0 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_1_1 = acc_1_1 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_1_2 = acc_1_2 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_1_3 = acc_1_3 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_1_4 = acc_1_4 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_1_5 = acc_1_5 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_1_6 = acc_1_6 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_1_7 = acc_1_7 + HT(HT_row1 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_2_0 = acc_2_0 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_2_1 = acc_2_1 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_2_2 = acc_2_2 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_2_3 = acc_2_3 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_2_4 = acc_2_4 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_2_5 = acc_2_5 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_2_6 = acc_2_6 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_2_7 = acc_2_7 + HT(HT_row2 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_3_0 = acc_3_0 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_3_1 = acc_3_1 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_3_2 = acc_3_2 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_3_3 = acc_3_3 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_3_4 = acc_3_4 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_3_5 = acc_3_5 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_3_6 = acc_3_6 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_3_7 = acc_3_7 + HT(HT_row3 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_4_0 = acc_4_0 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_4_1 = acc_4_1 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_4_2 = acc_4_2 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_4_3 = acc_4_3 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_4_4 = acc_4_4 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_4_5 = acc_4_5 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_4_6 = acc_4_6 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_4_7 = acc_4_7 + HT(HT_row4 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_5_0 = acc_5_0 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_5_1 = acc_5_1 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_5_2 = acc_5_2 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_5_3 = acc_5_3 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_5_4 = acc_5_4 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_5_5 = acc_5_5 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_5_6 = acc_5_6 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_5_7 = acc_5_7 + HT(HT_row5 + i) * dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
           end do
         end do
         dWd(8*c_tile + dm*min(6*e_tile, dff - 1)) = acc_0_0
@@ -3249,8 +2817,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWd.edge: from the DNF
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
+    ! dWd.edge: writes dWd; reads dF; scratch HT
+    ! for e (parallel) / c / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
     do e = 0, dff - 1
       do c = 8*((dm) / 8), dm - 1

@@ -4,6 +4,12 @@
  * Schedule: hoist(); parallel(b, i, nest=U); parallel(b, i, nest=H); parallel(b, i, nest=F); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c mlp_fwd --variant naive
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+ * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -28,8 +34,8 @@ void mlp_fwd_naive_f64(
     int64_t dff
 )
 {
-    /* U: from the DNF
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* U: writes U; reads X, Wg
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -44,8 +50,8 @@ void mlp_fwd_naive_f64(
             }
         }
     }
-    /* H: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* H: reads X, Wu, U; scratch H
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -60,8 +66,8 @@ void mlp_fwd_naive_f64(
             }
         }
     }
-    /* F: from the DNF
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* F: writes F; reads Wd; scratch H
+     * for b, i (parallel) / c / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -92,8 +98,8 @@ void mlp_fwd_naive_f32(
     int64_t dff
 )
 {
-    /* U: from the DNF
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* U: writes U; reads X, Wg
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -108,8 +114,8 @@ void mlp_fwd_naive_f32(
             }
         }
     }
-    /* H: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* H: reads X, Wu, U; scratch H
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -124,8 +130,8 @@ void mlp_fwd_naive_f32(
             }
         }
     }
-    /* F: from the DNF
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* F: writes F; reads Wd; scratch H
+     * for b, i (parallel) / c / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {

@@ -4,12 +4,18 @@
  * Schedule: hoist(); gpu_threads(b, i, 128 a block, nest=U); gpu_threads(b, i, 128 a block, nest=H); gpu_threads(b, i, 128 a block, nest=F); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda mlp_fwd --variant naive
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+ * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* U: from the DNF
- * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+/* U: writes U; reads X, Wg
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_fwd_naive_f64_U(
     const double *__restrict__ X,
@@ -38,8 +44,8 @@ __global__ void mlp_fwd_naive_f64_U(
     }
 }
 
-/* H: from the DNF
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* H: reads X, Wu, U; scratch H
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_fwd_naive_f64_H(
     const double *__restrict__ X,
@@ -68,8 +74,8 @@ __global__ void mlp_fwd_naive_f64_H(
     }
 }
 
-/* F: from the DNF
- * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+/* F: writes F; reads Wd; scratch H
+ * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_fwd_naive_f64_F(
     const double *__restrict__ X,
@@ -114,23 +120,22 @@ extern "C" int mlp_fwd_naive_f64(
     int64_t dff
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_fwd_naive_f64_U<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_fwd_naive_f64_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_fwd_naive_f64_F<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
@@ -139,8 +144,8 @@ extern "C" int mlp_fwd_naive_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* U: from the DNF
- * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+/* U: writes U; reads X, Wg
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_fwd_naive_f32_U(
     const float *__restrict__ X,
@@ -169,8 +174,8 @@ __global__ void mlp_fwd_naive_f32_U(
     }
 }
 
-/* H: from the DNF
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* H: reads X, Wu, U; scratch H
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_fwd_naive_f32_H(
     const float *__restrict__ X,
@@ -199,8 +204,8 @@ __global__ void mlp_fwd_naive_f32_H(
     }
 }
 
-/* F: from the DNF
- * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+/* F: writes F; reads Wd; scratch H
+ * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_fwd_naive_f32_F(
     const float *__restrict__ X,
@@ -245,23 +250,22 @@ extern "C" int mlp_fwd_naive_f32(
     int64_t dff
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_fwd_naive_f32_U<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_fwd_naive_f32_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         mlp_fwd_naive_f32_F<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
         const cudaError_t err = cudaGetLastError();

@@ -2,6 +2,11 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: hoist(); parallel(b, i, nest=U); parallel(b, i, nest=H); parallel(b, i, nest=F); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran mlp_fwd --variant naive
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -22,8 +27,8 @@ contains
     integer(c_int64_t) :: b, i, e, c
     real(c_double) :: xg, xu, hw
 
-    ! U: from the DNF
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    ! U: writes U; reads X, Wg
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xg)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -38,8 +43,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! H: from the DNF
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    ! H: reads X, Wu, U; scratch H
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -55,8 +60,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! F: from the DNF
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    ! F: writes F; reads Wd; scratch H
+    ! for b, i (parallel) / c / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, e, hw)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -86,8 +91,8 @@ contains
     integer(c_int64_t) :: b, i, e, c
     real(c_float) :: xg, xu, hw
 
-    ! U: from the DNF
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    ! U: writes U; reads X, Wg
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xg)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -102,8 +107,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! H: from the DNF
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    ! H: reads X, Wu, U; scratch H
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -119,8 +124,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! F: from the DNF
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    ! F: writes F; reads Wd; scratch H
+    ! for b, i (parallel) / c / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, e, hw)
     do b = 0, batch - 1
       do i = 0, n - 1

@@ -4,6 +4,12 @@
  * Schedule: register_tile(U, i x e, 6 x 8, packed); register_tile(H, i x e, 6 x 8, packed); register_tile(F, i x c, 6 x 8, packed); hoist(); parallel(b, e_tile, nest=U); parallel(b, i, nest=U.edge); parallel(b, e_tile, nest=H); parallel(b, i, nest=H.edge); parallel(b, c_tile, nest=F); parallel(b, i, nest=F.edge); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c mlp_fwd --variant tiled
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+ * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+ */
+
 #include <math.h>
 #include <stdint.h>
 #ifdef MOAGEN_LIBMVEC
@@ -32,13 +38,19 @@ static void mlp_fwd_tiled_f64_U(
     int64_t dff
 )
 {
-    /* U: from the DNF
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* U: writes U; reads X; scratch Wg_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -88,54 +100,54 @@ static void mlp_fwd_tiled_f64_U(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
                 }
                 U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -208,13 +220,19 @@ static void mlp_fwd_tiled_f64_H(
     int64_t dff
 )
 {
-    /* H: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* H: reads X; scratch H, Wu_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -264,54 +282,54 @@ static void mlp_fwd_tiled_f64_H(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
                 }
                 H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -384,13 +402,19 @@ static void mlp_fwd_tiled_f64_F(
     int64_t dff
 )
 {
-    /* F: from the DNF
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* F: writes F; scratch H, Wd_panel
+     * for b, c_tile (parallel) / i_tile / e (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -440,54 +464,54 @@ static void mlp_fwd_tiled_f64_F(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t e = 0; e < dff; ++e) {
-                    acc_0_0 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e];
-                    acc_0_1 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_0_2 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_0_3 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_0_4 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_0_5 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_0_6 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_0_7 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_1_0 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e];
-                    acc_1_1 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_1_2 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_1_3 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_1_4 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_1_5 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_1_6 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_1_7 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_2_0 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e];
-                    acc_2_1 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_2_2 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_2_3 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_2_4 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_2_5 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_2_6 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_2_7 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_3_0 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e];
-                    acc_3_1 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_3_2 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_3_3 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_3_4 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_3_5 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_3_6 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_3_7 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_4_0 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e];
-                    acc_4_1 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_4_2 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_4_3 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_4_4 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_4_5 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_4_6 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_4_7 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_5_0 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e];
-                    acc_5_1 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_5_2 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_5_3 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_5_4 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_5_5 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_5_6 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_5_7 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_0_0 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                    acc_0_1 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_0_2 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_0_3 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_0_4 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_0_5 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_0_6 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_0_7 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_1_0 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                    acc_1_1 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_1_2 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_1_3 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_1_4 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_1_5 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_1_6 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_1_7 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_2_0 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                    acc_2_1 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_2_2 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_2_3 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_2_4 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_2_5 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_2_6 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_2_7 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_3_0 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                    acc_3_1 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_3_2 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_3_3 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_3_4 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_3_5 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_3_6 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_3_7 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_4_0 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                    acc_4_1 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_4_2 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_4_3 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_4_4 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_4_5 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_4_6 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_4_7 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_5_0 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                    acc_5_1 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_5_2 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_5_3 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_5_4 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_5_5 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_5_6 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_5_7 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
                 }
                 F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                 F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -559,21 +583,22 @@ void mlp_fwd_tiled_f64(
     int64_t dff
 )
 {
-    /* U.pack_Wg: from the DNF
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* U.pack_Wg: reads Wg; scratch Wg_panel
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t Wg_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
+                Wg_panel[Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
             }
         }
     }
     mlp_fwd_tiled_f64_U(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-    /* U.edge: from the DNF
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* U.edge: writes U; reads X, Wg
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -588,33 +613,35 @@ void mlp_fwd_tiled_f64(
             }
         }
     }
-    /* H.pack_Wu: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* H.pack_Wu: reads Wu; scratch Wu_panel
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t Wu_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+                Wu_panel[Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
             }
         }
     }
     mlp_fwd_tiled_f64_H(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-    /* H.pointwise: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* H.pointwise: reads U; scratch H
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t H_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-                H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * H[dff*(b*n + i) + e];
+                H[H_row + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * H[H_row + e];
             }
         }
     }
-    /* H.edge: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* H.edge: reads X, Wu, U; scratch H
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -629,21 +656,22 @@ void mlp_fwd_tiled_f64(
             }
         }
     }
-    /* F.pack_Wd: from the DNF
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* F.pack_Wd: reads Wd; scratch Wd_panel
+     * for c_tile (parallel) / e / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            const int64_t Wd_panel_row = 8*c_tile*dff + 8*e;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
+                Wd_panel[Wd_panel_row + lane] = Wd[8*c_tile + dm*e + lane];
             }
         }
     }
     mlp_fwd_tiled_f64_F(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-    /* F.edge: from the DNF
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* F.edge: writes F; reads Wd; scratch H
+     * for b, i (parallel) / c / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -678,13 +706,19 @@ static void mlp_fwd_tiled_f32_U(
     int64_t dff
 )
 {
-    /* U: from the DNF
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* U: writes U; reads X; scratch Wg_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -734,54 +768,54 @@ static void mlp_fwd_tiled_f32_U(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
                 }
                 U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -854,13 +888,19 @@ static void mlp_fwd_tiled_f32_H(
     int64_t dff
 )
 {
-    /* H: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* H: reads X; scratch H, Wu_panel
+     * for b, e_tile (parallel) / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -910,54 +950,54 @@ static void mlp_fwd_tiled_f32_H(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_0_1 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_0_2 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_0_3 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_0_4 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_0_5 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_0_6 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_0_7 += X[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_1_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_1_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_1_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_1_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_1_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_1_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_1_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_1_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_2_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_2_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_2_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_2_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_2_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_2_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_2_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_2_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_3_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_3_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_3_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_3_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_3_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_3_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_3_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_3_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_4_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_4_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_4_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_4_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_4_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_4_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_4_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_4_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    acc_5_0 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile];
-                    acc_5_1 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                    acc_5_2 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                    acc_5_3 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                    acc_5_4 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                    acc_5_5 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                    acc_5_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                    acc_5_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_0_0 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_0_1 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_0_2 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_0_3 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_0_4 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_0_5 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_0_6 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_0_7 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_1_0 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_1_1 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_1_2 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_1_3 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_1_4 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_1_5 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_1_6 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_1_7 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_2_0 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_2_1 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_2_2 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_2_3 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_2_4 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_2_5 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_2_6 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_2_7 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_3_0 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_3_1 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_3_2 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_3_3 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_3_4 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_3_5 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_3_6 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_3_7 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_4_0 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_4_1 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_4_2 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_4_3 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_4_4 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_4_5 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_4_6 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_4_7 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    acc_5_0 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                    acc_5_1 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                    acc_5_2 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                    acc_5_3 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                    acc_5_4 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                    acc_5_5 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                    acc_5_6 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                    acc_5_7 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
                 }
                 H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
                 H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
@@ -1030,13 +1070,19 @@ static void mlp_fwd_tiled_f32_F(
     int64_t dff
 )
 {
-    /* F: from the DNF
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* F: writes F; scratch H, Wd_panel
+     * for b, c_tile (parallel) / i_tile / e (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                const int64_t H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                const int64_t H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                const int64_t H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                const int64_t H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                const int64_t H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                const int64_t H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -1086,54 +1132,54 @@ static void mlp_fwd_tiled_f32_F(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t e = 0; e < dff; ++e) {
-                    acc_0_0 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e];
-                    acc_0_1 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_0_2 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_0_3 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_0_4 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_0_5 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_0_6 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_0_7 += H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_1_0 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e];
-                    acc_1_1 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_1_2 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_1_3 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_1_4 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_1_5 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_1_6 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_1_7 += H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_2_0 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e];
-                    acc_2_1 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_2_2 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_2_3 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_2_4 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_2_5 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_2_6 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_2_7 += H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_3_0 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e];
-                    acc_3_1 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_3_2 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_3_3 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_3_4 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_3_5 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_3_6 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_3_7 += H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_4_0 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e];
-                    acc_4_1 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_4_2 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_4_3 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_4_4 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_4_5 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_4_6 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_4_7 += H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                    acc_5_0 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e];
-                    acc_5_1 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                    acc_5_2 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                    acc_5_3 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                    acc_5_4 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                    acc_5_5 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                    acc_5_6 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                    acc_5_7 += H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_0_0 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                    acc_0_1 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_0_2 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_0_3 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_0_4 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_0_5 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_0_6 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_0_7 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_1_0 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                    acc_1_1 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_1_2 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_1_3 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_1_4 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_1_5 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_1_6 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_1_7 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_2_0 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                    acc_2_1 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_2_2 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_2_3 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_2_4 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_2_5 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_2_6 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_2_7 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_3_0 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                    acc_3_1 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_3_2 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_3_3 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_3_4 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_3_5 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_3_6 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_3_7 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_4_0 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                    acc_4_1 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_4_2 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_4_3 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_4_4 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_4_5 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_4_6 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_4_7 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                    acc_5_0 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                    acc_5_1 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                    acc_5_2 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                    acc_5_3 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                    acc_5_4 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                    acc_5_5 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                    acc_5_6 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                    acc_5_7 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
                 }
                 F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                 F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -1205,21 +1251,22 @@ void mlp_fwd_tiled_f32(
     int64_t dff
 )
 {
-    /* U.pack_Wg: from the DNF
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* U.pack_Wg: reads Wg; scratch Wg_panel
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t Wg_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
+                Wg_panel[Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
             }
         }
     }
     mlp_fwd_tiled_f32_U(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-    /* U.edge: from the DNF
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    /* U.edge: writes U; reads X, Wg
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1234,33 +1281,35 @@ void mlp_fwd_tiled_f32(
             }
         }
     }
-    /* H.pack_Wu: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* H.pack_Wu: reads Wu; scratch Wu_panel
+     * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            const int64_t Wu_panel_row = 8*c + 8*dm*e_tile;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+                Wu_panel[Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
             }
         }
     }
     mlp_fwd_tiled_f32_H(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-    /* H.pointwise: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* H.pointwise: reads U; scratch H
+     * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t H_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-                H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * H[dff*(b*n + i) + e];
+                H[H_row + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * H[H_row + e];
             }
         }
     }
-    /* H.edge: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    /* H.edge: reads X, Wu, U; scratch H
+     * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1275,21 +1324,22 @@ void mlp_fwd_tiled_f32(
             }
         }
     }
-    /* F.pack_Wd: from the DNF
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* F.pack_Wd: reads Wd; scratch Wd_panel
+     * for c_tile (parallel) / e / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            const int64_t Wd_panel_row = 8*c_tile*dff + 8*e;
             #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
+                Wd_panel[Wd_panel_row + lane] = Wd[8*c_tile + dm*e + lane];
             }
         }
     }
     mlp_fwd_tiled_f32_F(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-    /* F.edge: from the DNF
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    /* F.edge: writes F; reads Wd; scratch H
+     * for b, i (parallel) / c / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {

@@ -2,6 +2,11 @@
 ! Target cpu; schedule parameters mr=6 nr=8 row_block=0.
 ! Schedule: register_tile(U, i x e, 6 x 8, packed); register_tile(H, i x e, 6 x 8, packed); register_tile(F, i x c, 6 x 8, packed); hoist(); parallel(b, e_tile, nest=U); parallel(b, i, nest=U.edge); parallel(b, e_tile, nest=H); parallel(b, i, nest=H.edge); parallel(b, c_tile, nest=F); parallel(b, i, nest=F.edge); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran mlp_fwd --variant tiled
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -23,7 +28,9 @@ contains
     real(c_double), intent(out) :: Wg_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: Wu_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: Wd_panel(0:((dm) / 8) * dff * 8 - 1)
-    integer(c_int64_t) :: e_tile, c, lane, b, i_tile, i, e, c_tile
+    integer(c_int64_t) :: e_tile, c, lane, b, i_tile, i, e, c_tile, Wg_panel_row, X_row0, X_row1, &
+        & X_row2, X_row3, X_row4, X_row5, Wu_panel_row, H_row, Wd_panel_row, H_row0, H_row1, &
+        & H_row2, H_row3, H_row4, H_row5
     real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -31,29 +38,37 @@ contains
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, xg, xu, hw
 
-    ! U.pack_Wg: from the DNF
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! U.pack_Wg: reads Wg; scratch Wg_panel
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, Wg_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        Wg_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          Wg_panel(8*c + 8*dm*e_tile + lane) = Wg(c*dff + 8*e_tile + lane)
+          Wg_panel(Wg_panel_row + lane) = Wg(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! U: from the DNF
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! U: writes U; reads X; scratch Wg_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, X_row0, X_row1, X_row2, &
+    !$omp& X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          X_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          X_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          X_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          X_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          X_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          X_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -104,101 +119,54 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 7)
           end do
           U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -252,8 +220,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! U.edge: from the DNF
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    ! U.edge: writes U; reads X, Wg
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xg)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -268,29 +236,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! H.pack_Wu: from the DNF
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! H.pack_Wu: reads Wu; scratch Wu_panel
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, Wu_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        Wu_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
+          Wu_panel(Wu_panel_row + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! H: from the DNF
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! H: reads X; scratch H, Wu_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, X_row0, X_row1, X_row2, &
+    !$omp& X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          X_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          X_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          X_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          X_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          X_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          X_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -341,101 +317,54 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
           end do
           H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -489,21 +418,22 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! H.pointwise: from the DNF
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(e)
+    ! H.pointwise: reads U; scratch H
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, H_row)
     do b = 0, batch - 1
       do i = 0, n - 1
+        H_row = dff*(b*n + i)
         !$omp simd
         do e = 0, 8*((dff) / 8) - 1
-          H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) + &
-              & e))) * H(dff*(b*n + i) + e)
+          H(H_row + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) + e))) * &
+              & H(H_row + e)
         end do
       end do
     end do
     !$omp end parallel do
-    ! H.edge: from the DNF
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    ! H.edge: reads X, Wu, U; scratch H
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -519,29 +449,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! F.pack_Wd: from the DNF
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    ! F.pack_Wd: reads Wd; scratch Wd_panel
+    ! for c_tile (parallel) / e / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(e, lane, Wd_panel_row)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        Wd_panel_row = 8*c_tile*dff + 8*e
         !$omp simd
         do lane = 0, 7
-          Wd_panel(8*c_tile*dff + 8*e + lane) = Wd(8*c_tile + dm*e + lane)
+          Wd_panel(Wd_panel_row + lane) = Wd(8*c_tile + dm*e + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! F: from the DNF
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! F: writes F; scratch H, Wd_panel
+    ! for b, c_tile (parallel) / i_tile / e (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, H_row0, H_row1, H_row2, &
+    !$omp& H_row3, H_row4, H_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do c_tile = 0, ((dm) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          H_row0 = dff*(b*n + min(6*i_tile, n - 1))
+          H_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+          H_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+          H_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+          H_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+          H_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -592,102 +530,54 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e)
-            acc_0_1 = acc_0_1 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 1)
-            acc_0_2 = acc_0_2 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 2)
-            acc_0_3 = acc_0_3 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 3)
-            acc_0_4 = acc_0_4 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 4)
-            acc_0_5 = acc_0_5 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 5)
-            acc_0_6 = acc_0_6 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 6)
-            acc_0_7 = acc_0_7 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 7)
-            acc_1_0 = acc_1_0 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e)
-            acc_1_1 = acc_1_1 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_1_2 = acc_1_2 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_1_3 = acc_1_3 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_1_4 = acc_1_4 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_1_5 = acc_1_5 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_1_6 = acc_1_6 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_1_7 = acc_1_7 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_2_0 = acc_2_0 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e)
-            acc_2_1 = acc_2_1 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_2_2 = acc_2_2 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_2_3 = acc_2_3 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_2_4 = acc_2_4 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_2_5 = acc_2_5 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_2_6 = acc_2_6 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_2_7 = acc_2_7 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_3_0 = acc_3_0 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e)
-            acc_3_1 = acc_3_1 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_3_2 = acc_3_2 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_3_3 = acc_3_3 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_3_4 = acc_3_4 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_3_5 = acc_3_5 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_3_6 = acc_3_6 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_3_7 = acc_3_7 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_4_0 = acc_4_0 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e)
-            acc_4_1 = acc_4_1 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_4_2 = acc_4_2 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_4_3 = acc_4_3 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_4_4 = acc_4_4 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_4_5 = acc_4_5 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_4_6 = acc_4_6 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_4_7 = acc_4_7 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_5_0 = acc_5_0 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e)
-            acc_5_1 = acc_5_1 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_5_2 = acc_5_2 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_5_3 = acc_5_3 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_5_4 = acc_5_4 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_5_5 = acc_5_5 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_5_6 = acc_5_6 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_5_7 = acc_5_7 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_0_0 = acc_0_0 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e)
+            acc_0_1 = acc_0_1 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_0_2 = acc_0_2 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_0_3 = acc_0_3 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_0_4 = acc_0_4 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_0_5 = acc_0_5 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_0_6 = acc_0_6 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_0_7 = acc_0_7 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_1_0 = acc_1_0 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e)
+            acc_1_1 = acc_1_1 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_1_2 = acc_1_2 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_1_3 = acc_1_3 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_1_4 = acc_1_4 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_1_5 = acc_1_5 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_1_6 = acc_1_6 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_1_7 = acc_1_7 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_2_0 = acc_2_0 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e)
+            acc_2_1 = acc_2_1 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_2_2 = acc_2_2 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_2_3 = acc_2_3 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_2_4 = acc_2_4 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_2_5 = acc_2_5 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_2_6 = acc_2_6 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_2_7 = acc_2_7 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_3_0 = acc_3_0 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e)
+            acc_3_1 = acc_3_1 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_3_2 = acc_3_2 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_3_3 = acc_3_3 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_3_4 = acc_3_4 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_3_5 = acc_3_5 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_3_6 = acc_3_6 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_3_7 = acc_3_7 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_4_0 = acc_4_0 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e)
+            acc_4_1 = acc_4_1 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_4_2 = acc_4_2 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_4_3 = acc_4_3 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_4_4 = acc_4_4 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_4_5 = acc_4_5 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_4_6 = acc_4_6 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_4_7 = acc_4_7 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_5_0 = acc_5_0 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e)
+            acc_5_1 = acc_5_1 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_5_2 = acc_5_2 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_5_3 = acc_5_3 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_5_4 = acc_5_4 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_5_5 = acc_5_5 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_5_6 = acc_5_6 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_5_7 = acc_5_7 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 7)
           end do
           F(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
           F(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -741,8 +631,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! F.edge: from the DNF
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    ! F.edge: writes F; reads Wd; scratch H
+    ! for b, i (parallel) / c / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, e, hw)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -773,7 +663,9 @@ contains
     real(c_float), intent(out) :: Wg_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: Wu_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: Wd_panel(0:((dm) / 8) * dff * 8 - 1)
-    integer(c_int64_t) :: e_tile, c, lane, b, i_tile, i, e, c_tile
+    integer(c_int64_t) :: e_tile, c, lane, b, i_tile, i, e, c_tile, Wg_panel_row, X_row0, X_row1, &
+        & X_row2, X_row3, X_row4, X_row5, Wu_panel_row, H_row, Wd_panel_row, H_row0, H_row1, &
+        & H_row2, H_row3, H_row4, H_row5
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -781,29 +673,37 @@ contains
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, xg, xu, hw
 
-    ! U.pack_Wg: from the DNF
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! U.pack_Wg: reads Wg; scratch Wg_panel
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, Wg_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        Wg_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          Wg_panel(8*c + 8*dm*e_tile + lane) = Wg(c*dff + 8*e_tile + lane)
+          Wg_panel(Wg_panel_row + lane) = Wg(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! U: from the DNF
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! U: writes U; reads X; scratch Wg_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, X_row0, X_row1, X_row2, &
+    !$omp& X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          X_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          X_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          X_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          X_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          X_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          X_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -854,101 +754,54 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wg_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + X(X_row0 + c) * Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + X(X_row1 + c) * Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + X(X_row2 + c) * Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + X(X_row3 + c) * Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + X(X_row4 + c) * Wg_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + X(X_row5 + c) * Wg_panel(8*c + 8*dm*e_tile + 7)
           end do
           U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -1002,8 +855,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! U.edge: from the DNF
-    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    ! U.edge: writes U; reads X, Wg
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xg)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -1018,29 +871,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! H.pack_Wu: from the DNF
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    ! H.pack_Wu: reads Wu; scratch Wu_panel
+    ! for e_tile (parallel) / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c, lane, Wu_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        Wu_panel_row = 8*c + 8*dm*e_tile
         !$omp simd
         do lane = 0, 7
-          Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
+          Wu_panel(Wu_panel_row + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! H: from the DNF
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! H: reads X; scratch H, Wu_panel
+    ! for b, e_tile (parallel) / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, X_row0, X_row1, X_row2, &
+    !$omp& X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do e_tile = 0, ((dff) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          X_row0 = dm*(b*n + min(6*i_tile, n - 1))
+          X_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+          X_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+          X_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+          X_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+          X_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -1091,101 +952,54 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + X(c + dm*(b*n + min(6*i_tile, n - 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + X(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * Wu_panel(8*c + &
-                & 8*dm*e_tile + 7)
+            acc_0_0 = acc_0_0 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_0_1 = acc_0_1 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_0_2 = acc_0_2 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_0_3 = acc_0_3 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_0_4 = acc_0_4 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_0_5 = acc_0_5 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_0_6 = acc_0_6 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_0_7 = acc_0_7 + X(X_row0 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_1_0 = acc_1_0 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_1_1 = acc_1_1 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_1_2 = acc_1_2 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_1_3 = acc_1_3 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_1_4 = acc_1_4 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_1_5 = acc_1_5 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_1_6 = acc_1_6 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_1_7 = acc_1_7 + X(X_row1 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_2_0 = acc_2_0 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_2_1 = acc_2_1 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_2_2 = acc_2_2 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_2_3 = acc_2_3 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_2_4 = acc_2_4 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_2_5 = acc_2_5 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_2_6 = acc_2_6 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_2_7 = acc_2_7 + X(X_row2 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_3_0 = acc_3_0 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_3_1 = acc_3_1 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_3_2 = acc_3_2 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_3_3 = acc_3_3 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_3_4 = acc_3_4 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_3_5 = acc_3_5 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_3_6 = acc_3_6 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_3_7 = acc_3_7 + X(X_row3 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_4_0 = acc_4_0 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_4_1 = acc_4_1 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_4_2 = acc_4_2 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_4_3 = acc_4_3 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_4_4 = acc_4_4 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_4_5 = acc_4_5 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_4_6 = acc_4_6 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_4_7 = acc_4_7 + X(X_row4 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
+            acc_5_0 = acc_5_0 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile)
+            acc_5_1 = acc_5_1 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 1)
+            acc_5_2 = acc_5_2 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 2)
+            acc_5_3 = acc_5_3 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 3)
+            acc_5_4 = acc_5_4 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 4)
+            acc_5_5 = acc_5_5 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 5)
+            acc_5_6 = acc_5_6 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 6)
+            acc_5_7 = acc_5_7 + X(X_row5 + c) * Wu_panel(8*c + 8*dm*e_tile + 7)
           end do
           H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
           H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
@@ -1239,21 +1053,22 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! H.pointwise: from the DNF
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(e)
+    ! H.pointwise: reads U; scratch H
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, H_row)
     do b = 0, batch - 1
       do i = 0, n - 1
+        H_row = dff*(b*n + i)
         !$omp simd
         do e = 0, 8*((dff) / 8) - 1
-          H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
-              & e))) * H(dff*(b*n + i) + e)
+          H(H_row + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + e))) * &
+              & H(H_row + e)
         end do
       end do
     end do
     !$omp end parallel do
-    ! H.edge: from the DNF
-    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    ! H.edge: reads X, Wu, U; scratch H
+    ! for b, i (parallel) / e / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -1269,29 +1084,37 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! F.pack_Wd: from the DNF
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    ! F.pack_Wd: reads Wd; scratch Wd_panel
+    ! for c_tile (parallel) / e / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(e, lane, Wd_panel_row)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        Wd_panel_row = 8*c_tile*dff + 8*e
         !$omp simd
         do lane = 0, 7
-          Wd_panel(8*c_tile*dff + 8*e + lane) = Wd(8*c_tile + dm*e + lane)
+          Wd_panel(Wd_panel_row + lane) = Wd(8*c_tile + dm*e + lane)
         end do
       end do
     end do
     !$omp end parallel do
-    ! F: from the DNF
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! F: writes F; scratch H, Wd_panel
+    ! for b, c_tile (parallel) / i_tile / e (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, H_row0, H_row1, H_row2, &
+    !$omp& H_row3, H_row4, H_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do c_tile = 0, ((dm) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
+          H_row0 = dff*(b*n + min(6*i_tile, n - 1))
+          H_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+          H_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+          H_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+          H_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+          H_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -1342,102 +1165,54 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e)
-            acc_0_1 = acc_0_1 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 1)
-            acc_0_2 = acc_0_2 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 2)
-            acc_0_3 = acc_0_3 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 3)
-            acc_0_4 = acc_0_4 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 4)
-            acc_0_5 = acc_0_5 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 5)
-            acc_0_6 = acc_0_6 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 6)
-            acc_0_7 = acc_0_7 + H(dff*(b*n + min(6*i_tile, n - 1)) + e) * Wd_panel(8*c_tile*dff + &
-                & 8*e + 7)
-            acc_1_0 = acc_1_0 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e)
-            acc_1_1 = acc_1_1 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_1_2 = acc_1_2 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_1_3 = acc_1_3 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_1_4 = acc_1_4 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_1_5 = acc_1_5 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_1_6 = acc_1_6 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_1_7 = acc_1_7 + H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_2_0 = acc_2_0 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e)
-            acc_2_1 = acc_2_1 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_2_2 = acc_2_2 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_2_3 = acc_2_3 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_2_4 = acc_2_4 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_2_5 = acc_2_5 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_2_6 = acc_2_6 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_2_7 = acc_2_7 + H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_3_0 = acc_3_0 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e)
-            acc_3_1 = acc_3_1 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_3_2 = acc_3_2 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_3_3 = acc_3_3 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_3_4 = acc_3_4 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_3_5 = acc_3_5 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_3_6 = acc_3_6 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_3_7 = acc_3_7 + H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_4_0 = acc_4_0 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e)
-            acc_4_1 = acc_4_1 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_4_2 = acc_4_2 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_4_3 = acc_4_3 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_4_4 = acc_4_4 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_4_5 = acc_4_5 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_4_6 = acc_4_6 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_4_7 = acc_4_7 + H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 7)
-            acc_5_0 = acc_5_0 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e)
-            acc_5_1 = acc_5_1 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 1)
-            acc_5_2 = acc_5_2 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 2)
-            acc_5_3 = acc_5_3 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 3)
-            acc_5_4 = acc_5_4 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 4)
-            acc_5_5 = acc_5_5 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 5)
-            acc_5_6 = acc_5_6 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 6)
-            acc_5_7 = acc_5_7 + H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
-                & Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_0_0 = acc_0_0 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e)
+            acc_0_1 = acc_0_1 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_0_2 = acc_0_2 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_0_3 = acc_0_3 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_0_4 = acc_0_4 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_0_5 = acc_0_5 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_0_6 = acc_0_6 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_0_7 = acc_0_7 + H(H_row0 + e) * Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_1_0 = acc_1_0 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e)
+            acc_1_1 = acc_1_1 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_1_2 = acc_1_2 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_1_3 = acc_1_3 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_1_4 = acc_1_4 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_1_5 = acc_1_5 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_1_6 = acc_1_6 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_1_7 = acc_1_7 + H(H_row1 + e) * Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_2_0 = acc_2_0 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e)
+            acc_2_1 = acc_2_1 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_2_2 = acc_2_2 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_2_3 = acc_2_3 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_2_4 = acc_2_4 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_2_5 = acc_2_5 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_2_6 = acc_2_6 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_2_7 = acc_2_7 + H(H_row2 + e) * Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_3_0 = acc_3_0 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e)
+            acc_3_1 = acc_3_1 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_3_2 = acc_3_2 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_3_3 = acc_3_3 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_3_4 = acc_3_4 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_3_5 = acc_3_5 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_3_6 = acc_3_6 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_3_7 = acc_3_7 + H(H_row3 + e) * Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_4_0 = acc_4_0 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e)
+            acc_4_1 = acc_4_1 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_4_2 = acc_4_2 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_4_3 = acc_4_3 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_4_4 = acc_4_4 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_4_5 = acc_4_5 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_4_6 = acc_4_6 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_4_7 = acc_4_7 + H(H_row4 + e) * Wd_panel(8*c_tile*dff + 8*e + 7)
+            acc_5_0 = acc_5_0 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e)
+            acc_5_1 = acc_5_1 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 1)
+            acc_5_2 = acc_5_2 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 2)
+            acc_5_3 = acc_5_3 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 3)
+            acc_5_4 = acc_5_4 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 4)
+            acc_5_5 = acc_5_5 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 5)
+            acc_5_6 = acc_5_6 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 6)
+            acc_5_7 = acc_5_7 + H(H_row5 + e) * Wd_panel(8*c_tile*dff + 8*e + 7)
           end do
           F(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
           F(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -1491,8 +1266,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! F.edge: from the DNF
-    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    ! F.edge: writes F; reads Wd; scratch H
+    ! for b, i (parallel) / c / e (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, e, hw)
     do b = 0, batch - 1
       do i = 0, n - 1

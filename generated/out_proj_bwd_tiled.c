@@ -4,6 +4,12 @@
  * Schedule: register_tile(dO, i x c, 6 x 8, packed); register_tile(dWo, c x m, 6 x 8, packed); parallel(b, h, c_tile, nest=dO); parallel(b, h, i, nest=dO.edge); parallel(h, m_tile, nest=dWo); parallel(h, c, nest=dWo.edge); parallel(h, nest=WoT); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c out_proj_bwd --variant tiled
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * WoT[h, m, c] = (<h c m> psi Wo)
+ * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+ * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+ */
+
 #include <math.h>
 #include <stdint.h>
 
@@ -24,14 +30,20 @@ static void out_proj_bwd_tiled_f64_dO(
     int64_t dm
 )
 {
-    /* dO: from the DNF
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    /* dO: writes dO; reads dY; scratch WoT_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
                 for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t dY_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dY_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dY_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dY_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dY_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dY_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     double acc_0_0 = 0.0;
                     double acc_0_1 = 0.0;
                     double acc_0_2 = 0.0;
@@ -81,54 +93,54 @@ static void out_proj_bwd_tiled_f64_dO(
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
                     for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_0_0 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
                     }
                     dO[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                     dO[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -201,8 +213,8 @@ static void out_proj_bwd_tiled_f64_dWo(
     int64_t dm
 )
 {
-    /* dWo: from the DNF
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    /* dWo: writes dWo; reads O; scratch dY_panel
+     * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -377,8 +389,8 @@ void out_proj_bwd_tiled_f64(
     int64_t dm
 )
 {
-    /* WoT: from the DNF
-     * WoT[h, m, c] = (<h c m> psi Wo)
+    /* WoT: reads Wo; scratch WoT
+     * for h (parallel) / m / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -389,56 +401,61 @@ void out_proj_bwd_tiled_f64(
             }
         }
     }
-    /* dO.pack_WoT: from the DNF
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    /* dO.pack_WoT: scratch WoT_panel, WoT
+     * for h (parallel) / c_tile / m / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                const int64_t WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t WoT_row = 8*c_tile + dh*(dm*h + m);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = WoT[8*c_tile + dh*(dm*h + m) + lane];
+                    WoT_panel[WoT_panel_row + lane] = WoT[WoT_row + lane];
                 }
             }
         }
     }
     out_proj_bwd_tiled_f64_dO(O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-    /* dO.edge: from the DNF
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    /* dO.edge: writes dO; reads dY; scratch WoT
+     * for b, h, i (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dO_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     double yw = 0.0;
                     #pragma omp simd reduction(+:yw)
                     for (int64_t m = 0; m < dm; ++m) {
                         yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
                     }
-                    dO[c + dh*(i + n*(b*heads + h))] = yw;
+                    dO[dO_row + c] = yw;
                 }
             }
         }
     }
-    /* dWo.pack_dY: from the DNF
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    /* dWo.pack_dY: reads dY; scratch dY_panel
+     * for m_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
+                const int64_t dY_row = dm*(b*n + i) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dY[dm*(b*n + i) + lane + 8*m_tile];
+                    dY_panel[dY_panel_row + lane] = dY[dY_row + lane];
                 }
             }
         }
     }
     out_proj_bwd_tiled_f64_dWo(O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-    /* dWo.edge: from the DNF
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    /* dWo.edge: writes dWo; reads O, dY
+     * for h, c (parallel) / m / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -476,14 +493,20 @@ static void out_proj_bwd_tiled_f32_dO(
     int64_t dm
 )
 {
-    /* dO: from the DNF
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    /* dO: writes dO; reads dY; scratch WoT_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
                 for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t dY_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dY_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dY_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dY_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dY_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dY_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     float acc_0_0 = 0.0f;
                     float acc_0_1 = 0.0f;
                     float acc_0_2 = 0.0f;
@@ -533,54 +556,54 @@ static void out_proj_bwd_tiled_f32_dO(
                     float acc_5_6 = 0.0f;
                     float acc_5_7 = 0.0f;
                     for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_0_0 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
                     }
                     dO[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
                     dO[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -653,8 +676,8 @@ static void out_proj_bwd_tiled_f32_dWo(
     int64_t dm
 )
 {
-    /* dWo: from the DNF
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    /* dWo: writes dWo; reads O; scratch dY_panel
+     * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -829,8 +852,8 @@ void out_proj_bwd_tiled_f32(
     int64_t dm
 )
 {
-    /* WoT: from the DNF
-     * WoT[h, m, c] = (<h c m> psi Wo)
+    /* WoT: reads Wo; scratch WoT
+     * for h (parallel) / m / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -841,56 +864,61 @@ void out_proj_bwd_tiled_f32(
             }
         }
     }
-    /* dO.pack_WoT: from the DNF
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    /* dO.pack_WoT: scratch WoT_panel, WoT
+     * for h (parallel) / c_tile / m / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                const int64_t WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t WoT_row = 8*c_tile + dh*(dm*h + m);
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = WoT[8*c_tile + dh*(dm*h + m) + lane];
+                    WoT_panel[WoT_panel_row + lane] = WoT[WoT_row + lane];
                 }
             }
         }
     }
     out_proj_bwd_tiled_f32_dO(O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-    /* dO.edge: from the DNF
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    /* dO.edge: writes dO; reads dY; scratch WoT
+     * for b, h, i (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dO_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     float yw = 0.0f;
                     #pragma omp simd reduction(+:yw)
                     for (int64_t m = 0; m < dm; ++m) {
                         yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
                     }
-                    dO[c + dh*(i + n*(b*heads + h))] = yw;
+                    dO[dO_row + c] = yw;
                 }
             }
         }
     }
-    /* dWo.pack_dY: from the DNF
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    /* dWo.pack_dY: reads dY; scratch dY_panel
+     * for m_tile (parallel) / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
+                const int64_t dY_row = dm*(b*n + i) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dY[dm*(b*n + i) + lane + 8*m_tile];
+                    dY_panel[dY_panel_row + lane] = dY[dY_row + lane];
                 }
             }
         }
     }
     out_proj_bwd_tiled_f32_dWo(O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-    /* dWo.edge: from the DNF
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    /* dWo.edge: writes dWo; reads O, dY
+     * for h, c (parallel) / m / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {

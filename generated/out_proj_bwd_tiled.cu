@@ -4,12 +4,18 @@
  * Schedule: register_tile(dO, i x c, 6 x 8, packed); register_tile(dWo, c x m, 6 x 8, packed); gpu_threads(b, h, c_tile, 128 a block, nest=dO); gpu_threads(b, h, i, 128 a block, nest=dO.edge); gpu_threads(h, m_tile, 128 a block, nest=dWo); gpu_threads(h, c, 128 a block, nest=dWo.edge); gpu_threads(h, 128 a block, nest=WoT); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda out_proj_bwd --variant tiled
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * WoT[h, m, c] = (<h c m> psi Wo)
+ * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+ * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* WoT: from the DNF
- * WoT[h, m, c] = (<h c m> psi Wo)
+/* WoT: reads Wo; scratch WoT
+ * for h (parallel) / m / c (simd)
  */
 __global__ void out_proj_bwd_tiled_f64_WoT(
     const double *__restrict__ O,
@@ -37,8 +43,8 @@ __global__ void out_proj_bwd_tiled_f64_WoT(
     }
 }
 
-/* dO.pack_WoT: from the DNF
- * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+/* dO.pack_WoT: scratch WoT_panel, WoT
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void out_proj_bwd_tiled_f64_dO_pack_WoT(
     const double *__restrict__ O,
@@ -61,15 +67,17 @@ __global__ void out_proj_bwd_tiled_f64_dO_pack_WoT(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t WoT_row = 8*c_tile + dh*(dm*h + m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = WoT[8*c_tile + dh*(dm*h + m) + lane];
+                WoT_panel[WoT_panel_row + lane] = WoT[WoT_row + lane];
             }
         }
     }
 }
 
-/* dO: from the DNF
- * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+/* dO: writes dO; reads dY; scratch WoT_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void out_proj_bwd_tiled_f64_dO(
     const double *__restrict__ O,
@@ -93,6 +101,12 @@ __global__ void out_proj_bwd_tiled_f64_dO(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t dY_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t dY_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t dY_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t dY_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t dY_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t dY_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -142,54 +156,54 @@ __global__ void out_proj_bwd_tiled_f64_dO(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         dO[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         dO[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -242,8 +256,8 @@ __global__ void out_proj_bwd_tiled_f64_dO(
     }
 }
 
-/* dO.edge: from the DNF
- * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+/* dO.edge: writes dO; reads dY; scratch WoT
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void out_proj_bwd_tiled_f64_dO_edge(
     const double *__restrict__ O,
@@ -266,17 +280,18 @@ __global__ void out_proj_bwd_tiled_f64_dO_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dO_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         double yw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
         }
-        dO[c + dh*(i + n*(b*heads + h))] = yw;
+        dO[dO_row + c] = yw;
     }
 }
 
-/* dWo.pack_dY: from the DNF
- * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+/* dWo.pack_dY: reads dY; scratch dY_panel
+ * for m_tile (parallel) / b / i / lane (simd)
  */
 __global__ void out_proj_bwd_tiled_f64_dWo_pack_dY(
     const double *__restrict__ O,
@@ -299,15 +314,17 @@ __global__ void out_proj_bwd_tiled_f64_dWo_pack_dY(
     const int64_t m_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
+            const int64_t dY_row = dm*(b*n + i) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dY[dm*(b*n + i) + lane + 8*m_tile];
+                dY_panel[dY_panel_row + lane] = dY[dY_row + lane];
             }
         }
     }
 }
 
-/* dWo: from the DNF
- * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+/* dWo: writes dWo; reads O; scratch dY_panel
+ * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
  */
 __global__ void out_proj_bwd_tiled_f64_dWo(
     const double *__restrict__ O,
@@ -481,8 +498,8 @@ __global__ void out_proj_bwd_tiled_f64_dWo(
     }
 }
 
-/* dWo.edge: from the DNF
- * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+/* dWo.edge: writes dWo; reads O, dY
+ * for h, c (parallel) / m / b / i (simd)
  */
 __global__ void out_proj_bwd_tiled_f64_dWo_edge(
     const double *__restrict__ O,
@@ -535,51 +552,50 @@ extern "C" int out_proj_bwd_tiled_f64(
     int64_t dm
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         out_proj_bwd_tiled_f64_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         out_proj_bwd_tiled_f64_dO_pack_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         out_proj_bwd_tiled_f64_dO<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         out_proj_bwd_tiled_f64_dO_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         out_proj_bwd_tiled_f64_dWo_pack_dY<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dm) / 8);
+        const int64_t count = heads*((dm) / 8), threads = 128;
         out_proj_bwd_tiled_f64_dWo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dh*heads;
+        const int64_t count = dh*heads, threads = 128;
         out_proj_bwd_tiled_f64_dWo_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
@@ -588,8 +604,8 @@ extern "C" int out_proj_bwd_tiled_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* WoT: from the DNF
- * WoT[h, m, c] = (<h c m> psi Wo)
+/* WoT: reads Wo; scratch WoT
+ * for h (parallel) / m / c (simd)
  */
 __global__ void out_proj_bwd_tiled_f32_WoT(
     const float *__restrict__ O,
@@ -617,8 +633,8 @@ __global__ void out_proj_bwd_tiled_f32_WoT(
     }
 }
 
-/* dO.pack_WoT: from the DNF
- * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+/* dO.pack_WoT: scratch WoT_panel, WoT
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void out_proj_bwd_tiled_f32_dO_pack_WoT(
     const float *__restrict__ O,
@@ -641,15 +657,17 @@ __global__ void out_proj_bwd_tiled_f32_dO_pack_WoT(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t WoT_row = 8*c_tile + dh*(dm*h + m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = WoT[8*c_tile + dh*(dm*h + m) + lane];
+                WoT_panel[WoT_panel_row + lane] = WoT[WoT_row + lane];
             }
         }
     }
 }
 
-/* dO: from the DNF
- * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+/* dO: writes dO; reads dY; scratch WoT_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void out_proj_bwd_tiled_f32_dO(
     const float *__restrict__ O,
@@ -673,6 +691,12 @@ __global__ void out_proj_bwd_tiled_f32_dO(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t dY_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t dY_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t dY_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t dY_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t dY_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t dY_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -722,54 +746,54 @@ __global__ void out_proj_bwd_tiled_f32_dO(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += dY[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += dY[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += dY[dY_row1 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += dY[dY_row2 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += dY[dY_row3 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += dY[dY_row4 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += dY[dY_row5 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         dO[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         dO[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -822,8 +846,8 @@ __global__ void out_proj_bwd_tiled_f32_dO(
     }
 }
 
-/* dO.edge: from the DNF
- * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+/* dO.edge: writes dO; reads dY; scratch WoT
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void out_proj_bwd_tiled_f32_dO_edge(
     const float *__restrict__ O,
@@ -846,17 +870,18 @@ __global__ void out_proj_bwd_tiled_f32_dO_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t dO_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         float yw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
         }
-        dO[c + dh*(i + n*(b*heads + h))] = yw;
+        dO[dO_row + c] = yw;
     }
 }
 
-/* dWo.pack_dY: from the DNF
- * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+/* dWo.pack_dY: reads dY; scratch dY_panel
+ * for m_tile (parallel) / b / i / lane (simd)
  */
 __global__ void out_proj_bwd_tiled_f32_dWo_pack_dY(
     const float *__restrict__ O,
@@ -879,15 +904,17 @@ __global__ void out_proj_bwd_tiled_f32_dWo_pack_dY(
     const int64_t m_tile = tid;
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
+            const int64_t dY_row = dm*(b*n + i) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dY[dm*(b*n + i) + lane + 8*m_tile];
+                dY_panel[dY_panel_row + lane] = dY[dY_row + lane];
             }
         }
     }
 }
 
-/* dWo: from the DNF
- * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+/* dWo: writes dWo; reads O; scratch dY_panel
+ * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
  */
 __global__ void out_proj_bwd_tiled_f32_dWo(
     const float *__restrict__ O,
@@ -1061,8 +1088,8 @@ __global__ void out_proj_bwd_tiled_f32_dWo(
     }
 }
 
-/* dWo.edge: from the DNF
- * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+/* dWo.edge: writes dWo; reads O, dY
+ * for h, c (parallel) / m / b / i (simd)
  */
 __global__ void out_proj_bwd_tiled_f32_dWo_edge(
     const float *__restrict__ O,
@@ -1115,51 +1142,50 @@ extern "C" int out_proj_bwd_tiled_f32(
     int64_t dm
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         out_proj_bwd_tiled_f32_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         out_proj_bwd_tiled_f32_dO_pack_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         out_proj_bwd_tiled_f32_dO<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         out_proj_bwd_tiled_f32_dO_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         out_proj_bwd_tiled_f32_dWo_pack_dY<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dm) / 8);
+        const int64_t count = heads*((dm) / 8), threads = 128;
         out_proj_bwd_tiled_f32_dWo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dh*heads;
+        const int64_t count = dh*heads, threads = 128;
         out_proj_bwd_tiled_f32_dWo_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();

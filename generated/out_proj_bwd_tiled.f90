@@ -2,6 +2,11 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: register_tile(dO, i x c, 6 x 8, packed); register_tile(dWo, c x m, 6 x 8, packed); parallel(b, h, c_tile, nest=dO); parallel(b, h, i, nest=dO.edge); parallel(h, m_tile, nest=dWo); parallel(h, c, nest=dWo.edge); parallel(h, nest=WoT); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran out_proj_bwd --variant tiled
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! WoT[h, m, c] = (<h c m> psi Wo)
+! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -21,7 +26,8 @@ contains
     real(c_double), intent(out) :: WoT(0:heads * dm * dh - 1)
     real(c_double), intent(out) :: WoT_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: dY_panel(0:((dm) / 8) * batch * n * 8 - 1)
-    integer(c_int64_t) :: h, m, c, c_tile, lane, b, i_tile, i, m_tile
+    integer(c_int64_t) :: h, m, c, c_tile, lane, b, i_tile, i, m_tile, WoT_panel_row, WoT_row, &
+        & dY_row0, dY_row1, dY_row2, dY_row3, dY_row4, dY_row5, dO_row, dY_panel_row, dY_row
     real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -29,8 +35,8 @@ contains
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, yw, batches, oy
 
-    ! WoT: from the DNF
-    ! WoT[h, m, c] = (<h c m> psi Wo)
+    ! WoT: reads Wo; scratch WoT
+    ! for h (parallel) / m / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(m, c)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -41,33 +47,41 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dO.pack_WoT: from the DNF
-    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! dO.pack_WoT: scratch WoT_panel, WoT
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, WoT_panel_row, WoT_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          WoT_row = 8*c_tile + dh*(dm*h + m)
           !$omp simd
           do lane = 0, 7
-            WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = WoT(8*c_tile + dh*(dm*h + m) + &
-                & lane)
+            WoT_panel(WoT_panel_row + lane) = WoT(WoT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dO: from the DNF
-    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! dO: writes dO; reads dY; scratch WoT_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, dY_row0, dY_row1, dY_row2, &
+    !$omp& dY_row3, dY_row4, dY_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
+    !$omp& acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+    !$omp& acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
+    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
+    !$omp& acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            dY_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            dY_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            dY_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            dY_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            dY_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            dY_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_double
             acc_0_1 = 0.0_c_double
             acc_0_2 = 0.0_c_double
@@ -118,102 +132,96 @@ contains
             acc_5_7 = 0.0_c_double
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 1)
+              acc_0_2 = acc_0_2 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 2)
+              acc_0_3 = acc_0_3 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 3)
+              acc_0_4 = acc_0_4 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 4)
+              acc_0_5 = acc_0_5 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 5)
+              acc_0_6 = acc_0_6 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 6)
+              acc_0_7 = acc_0_7 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 7)
+              acc_1_0 = acc_1_0 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 1)
+              acc_1_2 = acc_1_2 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 2)
+              acc_1_3 = acc_1_3 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 3)
+              acc_1_4 = acc_1_4 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 4)
+              acc_1_5 = acc_1_5 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 5)
+              acc_1_6 = acc_1_6 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 6)
+              acc_1_7 = acc_1_7 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 7)
+              acc_2_0 = acc_2_0 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 1)
+              acc_2_2 = acc_2_2 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 2)
+              acc_2_3 = acc_2_3 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 3)
+              acc_2_4 = acc_2_4 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 4)
+              acc_2_5 = acc_2_5 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 5)
+              acc_2_6 = acc_2_6 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 6)
+              acc_2_7 = acc_2_7 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 7)
+              acc_3_0 = acc_3_0 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 1)
+              acc_3_2 = acc_3_2 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 2)
+              acc_3_3 = acc_3_3 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 3)
+              acc_3_4 = acc_3_4 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 4)
+              acc_3_5 = acc_3_5 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 5)
+              acc_3_6 = acc_3_6 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 6)
+              acc_3_7 = acc_3_7 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 7)
+              acc_4_0 = acc_4_0 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 1)
+              acc_4_2 = acc_4_2 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 2)
+              acc_4_3 = acc_4_3 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 3)
+              acc_4_4 = acc_4_4 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 4)
+              acc_4_5 = acc_4_5 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 5)
+              acc_4_6 = acc_4_6 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 6)
+              acc_4_7 = acc_4_7 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 7)
+              acc_5_0 = acc_5_0 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 1)
+              acc_5_2 = acc_5_2 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 2)
+              acc_5_3 = acc_5_3 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 3)
+              acc_5_4 = acc_5_4 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 4)
+              acc_5_5 = acc_5_5 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 5)
+              acc_5_6 = acc_5_6 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 6)
+              acc_5_7 = acc_5_7 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 7)
             end do
             dO(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             dO(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -268,40 +276,43 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dO.edge: from the DNF
-    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, yw)
+    ! dO.edge: writes dO; reads dY; scratch WoT
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, dO_row, yw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dO_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             yw = 0.0_c_double
             !$omp simd reduction(+:yw)
             do m = 0, dm - 1
               yw = yw + dY(dm*(b*n + i) + m) * WoT(c + dh*(dm*h + m))
             end do
-            dO(c + dh*(i + n*(b*heads + h))) = yw
+            dO(dO_row + c) = yw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWo.pack_dY: from the DNF
-    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! dWo.pack_dY: reads dY; scratch dY_panel
+    ! for m_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, dY_panel_row, dY_row)
     do m_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          dY_panel_row = 8*i + 8*n*(b + batch*m_tile)
+          dY_row = dm*(b*n + i) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            dY_panel(8*i + lane + 8*n*(b + batch*m_tile)) = dY(dm*(b*n + i) + lane + 8*m_tile)
+            dY_panel(dY_panel_row + lane) = dY(dY_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWo: from the DNF
-    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    ! dWo: writes dWo; reads O; scratch dY_panel
+    ! for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -513,8 +524,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWo.edge: from the DNF
-    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    ! dWo.edge: writes dWo; reads O, dY
+    ! for h, c (parallel) / m / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(m, b, i, batches, oy)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -547,7 +558,8 @@ contains
     real(c_float), intent(out) :: WoT(0:heads * dm * dh - 1)
     real(c_float), intent(out) :: WoT_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: dY_panel(0:((dm) / 8) * batch * n * 8 - 1)
-    integer(c_int64_t) :: h, m, c, c_tile, lane, b, i_tile, i, m_tile
+    integer(c_int64_t) :: h, m, c, c_tile, lane, b, i_tile, i, m_tile, WoT_panel_row, WoT_row, &
+        & dY_row0, dY_row1, dY_row2, dY_row3, dY_row4, dY_row5, dO_row, dY_panel_row, dY_row
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -555,8 +567,8 @@ contains
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, yw, batches, oy
 
-    ! WoT: from the DNF
-    ! WoT[h, m, c] = (<h c m> psi Wo)
+    ! WoT: reads Wo; scratch WoT
+    ! for h (parallel) / m / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(m, c)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -567,33 +579,41 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dO.pack_WoT: from the DNF
-    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! dO.pack_WoT: scratch WoT_panel, WoT
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, WoT_panel_row, WoT_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          WoT_row = 8*c_tile + dh*(dm*h + m)
           !$omp simd
           do lane = 0, 7
-            WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = WoT(8*c_tile + dh*(dm*h + m) + &
-                & lane)
+            WoT_panel(WoT_panel_row + lane) = WoT(WoT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dO: from the DNF
-    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! dO: writes dO; reads dY; scratch WoT_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, dY_row0, dY_row1, dY_row2, &
+    !$omp& dY_row3, dY_row4, dY_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
+    !$omp& acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+    !$omp& acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
+    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
+    !$omp& acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            dY_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            dY_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            dY_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            dY_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            dY_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            dY_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_float
             acc_0_1 = 0.0_c_float
             acc_0_2 = 0.0_c_float
@@ -644,102 +664,96 @@ contains
             acc_5_7 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + dY(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + dY(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + dY(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + dY(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + dY(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + dY(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 1)
+              acc_0_2 = acc_0_2 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 2)
+              acc_0_3 = acc_0_3 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 3)
+              acc_0_4 = acc_0_4 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 4)
+              acc_0_5 = acc_0_5 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 5)
+              acc_0_6 = acc_0_6 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 6)
+              acc_0_7 = acc_0_7 + dY(dY_row0 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 7)
+              acc_1_0 = acc_1_0 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 1)
+              acc_1_2 = acc_1_2 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 2)
+              acc_1_3 = acc_1_3 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 3)
+              acc_1_4 = acc_1_4 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 4)
+              acc_1_5 = acc_1_5 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 5)
+              acc_1_6 = acc_1_6 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 6)
+              acc_1_7 = acc_1_7 + dY(dY_row1 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 7)
+              acc_2_0 = acc_2_0 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 1)
+              acc_2_2 = acc_2_2 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 2)
+              acc_2_3 = acc_2_3 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 3)
+              acc_2_4 = acc_2_4 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 4)
+              acc_2_5 = acc_2_5 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 5)
+              acc_2_6 = acc_2_6 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 6)
+              acc_2_7 = acc_2_7 + dY(dY_row2 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 7)
+              acc_3_0 = acc_3_0 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 1)
+              acc_3_2 = acc_3_2 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 2)
+              acc_3_3 = acc_3_3 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 3)
+              acc_3_4 = acc_3_4 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 4)
+              acc_3_5 = acc_3_5 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 5)
+              acc_3_6 = acc_3_6 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 6)
+              acc_3_7 = acc_3_7 + dY(dY_row3 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 7)
+              acc_4_0 = acc_4_0 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 1)
+              acc_4_2 = acc_4_2 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 2)
+              acc_4_3 = acc_4_3 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 3)
+              acc_4_4 = acc_4_4 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 4)
+              acc_4_5 = acc_4_5 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 5)
+              acc_4_6 = acc_4_6 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 6)
+              acc_4_7 = acc_4_7 + dY(dY_row4 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 7)
+              acc_5_0 = acc_5_0 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 1)
+              acc_5_2 = acc_5_2 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 2)
+              acc_5_3 = acc_5_3 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 3)
+              acc_5_4 = acc_5_4 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 4)
+              acc_5_5 = acc_5_5 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 5)
+              acc_5_6 = acc_5_6 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 6)
+              acc_5_7 = acc_5_7 + dY(dY_row5 + m) * WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m &
+                  & + 7)
             end do
             dO(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             dO(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -794,40 +808,43 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dO.edge: from the DNF
-    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, yw)
+    ! dO.edge: writes dO; reads dY; scratch WoT
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, dO_row, yw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          dO_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             yw = 0.0_c_float
             !$omp simd reduction(+:yw)
             do m = 0, dm - 1
               yw = yw + dY(dm*(b*n + i) + m) * WoT(c + dh*(dm*h + m))
             end do
-            dO(c + dh*(i + n*(b*heads + h))) = yw
+            dO(dO_row + c) = yw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWo.pack_dY: from the DNF
-    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
-    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    ! dWo.pack_dY: reads dY; scratch dY_panel
+    ! for m_tile (parallel) / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane, dY_panel_row, dY_row)
     do m_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          dY_panel_row = 8*i + 8*n*(b + batch*m_tile)
+          dY_row = dm*(b*n + i) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            dY_panel(8*i + lane + 8*n*(b + batch*m_tile)) = dY(dm*(b*n + i) + lane + 8*m_tile)
+            dY_panel(dY_panel_row + lane) = dY(dY_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWo: from the DNF
-    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    ! dWo: writes dWo; reads O; scratch dY_panel
+    ! for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -1039,8 +1056,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWo.edge: from the DNF
-    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    ! dWo.edge: writes dWo; reads O, dY
+    ! for h, c (parallel) / m / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(m, b, i, batches, oy)
     do h = 0, heads - 1
       do c = 0, dh - 1

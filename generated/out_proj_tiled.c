@@ -4,6 +4,11 @@
  * Schedule: register_tile(Y, i x m, 6 x 8, packed); parallel(b, m_tile, nest=Y); parallel(b, i, nest=Y.edge); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c out_proj --variant tiled
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * Y[b, i, m] = (<b i m> psi R)
+ *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+ */
+
 #include <math.h>
 #include <stdint.h>
 
@@ -21,9 +26,8 @@ static void out_proj_tiled_f64_Y(
     int64_t dm
 )
 {
-    /* Y: from the DNF
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* Y: writes Y; reads O; scratch Wo_panel
+     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -78,55 +82,61 @@ static void out_proj_tiled_f64_Y(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t O_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t O_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t O_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t O_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t O_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t O_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_0_0 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
                     }
                 }
                 Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -195,38 +205,38 @@ void out_proj_tiled_f64(
     int64_t dm
 )
 {
-    /* Y.pack_Wo: from the DNF
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* Y.pack_Wo: reads Wo; scratch Wo_panel
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
+                    Wo_panel[Wo_panel_row + lane] = Wo[Wo_row + lane];
                 }
             }
         }
     }
     out_proj_tiled_f64_Y(O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
-    /* Y.pointwise: from the DNF
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* Y.pointwise: writes Y; reads R
+     * for b, i (parallel) / m (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t Y_row = dm*(b*n + i);
             #pragma omp simd
             for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
-                Y[dm*(b*n + i) + m] = R[dm*(b*n + i) + m] + Y[dm*(b*n + i) + m];
+                Y[Y_row + m] = R[dm*(b*n + i) + m] + Y[Y_row + m];
             }
         }
     }
-    /* Y.edge: from the DNF
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* Y.edge: writes Y; reads O, Wo, R
+     * for b, i (parallel) / m / h / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -234,10 +244,11 @@ void out_proj_tiled_f64(
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
                 double heads_sum = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t O_row = dh*(i + n*(b*heads + h));
                     double ow = 0.0;
                     #pragma omp simd reduction(+:ow)
                     for (int64_t c = 0; c < dh; ++c) {
-                        ow += O[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
+                        ow += O[O_row + c] * Wo[dm*(c + dh*h) + m];
                     }
                     heads_sum += ow;
                 }
@@ -261,9 +272,8 @@ static void out_proj_tiled_f32_Y(
     int64_t dm
 )
 {
-    /* Y: from the DNF
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* Y: writes Y; reads O; scratch Wo_panel
+     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -318,55 +328,61 @@ static void out_proj_tiled_f32_Y(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t O_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t O_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t O_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t O_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t O_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t O_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += O[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_0_0 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += O[O_row1 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += O[O_row2 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += O[O_row3 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += O[O_row4 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += O[O_row5 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
                     }
                 }
                 Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -435,38 +451,38 @@ void out_proj_tiled_f32(
     int64_t dm
 )
 {
-    /* Y.pack_Wo: from the DNF
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* Y.pack_Wo: reads Wo; scratch Wo_panel
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
+                    Wo_panel[Wo_panel_row + lane] = Wo[Wo_row + lane];
                 }
             }
         }
     }
     out_proj_tiled_f32_Y(O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
-    /* Y.pointwise: from the DNF
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* Y.pointwise: writes Y; reads R
+     * for b, i (parallel) / m (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t Y_row = dm*(b*n + i);
             #pragma omp simd
             for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
-                Y[dm*(b*n + i) + m] = R[dm*(b*n + i) + m] + Y[dm*(b*n + i) + m];
+                Y[Y_row + m] = R[dm*(b*n + i) + m] + Y[Y_row + m];
             }
         }
     }
-    /* Y.edge: from the DNF
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    /* Y.edge: writes Y; reads O, Wo, R
+     * for b, i (parallel) / m / h / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -474,10 +490,11 @@ void out_proj_tiled_f32(
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
                 float heads_sum = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t O_row = dh*(i + n*(b*heads + h));
                     float ow = 0.0f;
                     #pragma omp simd reduction(+:ow)
                     for (int64_t c = 0; c < dh; ++c) {
-                        ow += O[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
+                        ow += O[O_row + c] * Wo[dm*(c + dh*h) + m];
                     }
                     heads_sum += ow;
                 }

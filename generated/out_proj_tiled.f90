@@ -2,6 +2,10 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: register_tile(Y, i x m, 6 x 8, packed); parallel(b, m_tile, nest=Y); parallel(b, i, nest=Y.edge); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran out_proj --variant tiled
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! Y[b, i, m] = (<b i m> psi R)
+!              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -17,7 +21,8 @@ contains
     real(c_double), intent(in) :: R(0:batch * n * dm - 1)
     real(c_double), intent(out) :: Y(0:batch * n * dm - 1)
     real(c_double), intent(out) :: Wo_panel(0:((dm) / 8) * heads * dh * 8 - 1)
-    integer(c_int64_t) :: m_tile, h, c, lane, b, i_tile, i, m
+    integer(c_int64_t) :: m_tile, h, c, lane, b, i_tile, i, m, Wo_panel_row, Wo_row, O_row0, &
+        & O_row1, O_row2, O_row3, O_row4, O_row5, Y_row, O_row
     real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -25,30 +30,31 @@ contains
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, heads_sum, ow
 
-    ! Y.pack_Wo: from the DNF
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! Y.pack_Wo: reads Wo; scratch Wo_panel
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, Wo_panel_row, Wo_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          Wo_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            Wo_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = Wo(dm*(c + dh*h) + lane + 8*m_tile)
+            Wo_panel(Wo_panel_row + lane) = Wo(Wo_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! Y: from the DNF
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! Y: writes Y; reads O; scratch Wo_panel
+    ! for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, O_row0, O_row1, O_row2, &
+    !$omp& O_row3, O_row4, O_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do m_tile = 0, ((dm) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
@@ -102,104 +108,62 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do h = 0, heads - 1
+            O_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            O_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            O_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            O_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            O_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            O_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_0_1 = acc_0_1 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -254,32 +218,32 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! Y.pointwise: from the DNF
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(2) schedule(static) private(m)
+    ! Y.pointwise: writes Y; reads R
+    ! for b, i (parallel) / m (simd)
+    !$omp parallel do collapse(2) schedule(static) private(m, Y_row)
     do b = 0, batch - 1
       do i = 0, n - 1
+        Y_row = dm*(b*n + i)
         !$omp simd
         do m = 0, 8*((dm) / 8) - 1
-          Y(dm*(b*n + i) + m) = R(dm*(b*n + i) + m) + Y(dm*(b*n + i) + m)
+          Y(Y_row + m) = R(dm*(b*n + i) + m) + Y(Y_row + m)
         end do
       end do
     end do
     !$omp end parallel do
-    ! Y.edge: from the DNF
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(2) schedule(static) private(m, h, c, heads_sum, ow)
+    ! Y.edge: writes Y; reads O, Wo, R
+    ! for b, i (parallel) / m / h / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(m, h, c, O_row, heads_sum, ow)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 8*((dm) / 8), dm - 1
           heads_sum = 0.0_c_double
           do h = 0, heads - 1
+            O_row = dh*(i + n*(b*heads + h))
             ow = 0.0_c_double
             !$omp simd reduction(+:ow)
             do c = 0, dh - 1
-              ow = ow + O(c + dh*(i + n*(b*heads + h))) * Wo(dm*(c + dh*h) + m)
+              ow = ow + O(O_row + c) * Wo(dm*(c + dh*h) + m)
             end do
             heads_sum = heads_sum + ow
           end do
@@ -298,7 +262,8 @@ contains
     real(c_float), intent(in) :: R(0:batch * n * dm - 1)
     real(c_float), intent(out) :: Y(0:batch * n * dm - 1)
     real(c_float), intent(out) :: Wo_panel(0:((dm) / 8) * heads * dh * 8 - 1)
-    integer(c_int64_t) :: m_tile, h, c, lane, b, i_tile, i, m
+    integer(c_int64_t) :: m_tile, h, c, lane, b, i_tile, i, m, Wo_panel_row, Wo_row, O_row0, &
+        & O_row1, O_row2, O_row3, O_row4, O_row5, Y_row, O_row
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -306,30 +271,31 @@ contains
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, heads_sum, ow
 
-    ! Y.pack_Wo: from the DNF
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! Y.pack_Wo: reads Wo; scratch Wo_panel
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, Wo_panel_row, Wo_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          Wo_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            Wo_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = Wo(dm*(c + dh*h) + lane + 8*m_tile)
+            Wo_panel(Wo_panel_row + lane) = Wo(Wo_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! Y: from the DNF
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! Y: writes Y; reads O; scratch Wo_panel
+    ! for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, O_row0, O_row1, O_row2, &
+    !$omp& O_row3, O_row4, O_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do m_tile = 0, ((dm) / 8) - 1
         do i_tile = 0, ((n + 5) / 6) - 1
@@ -383,104 +349,62 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do h = 0, heads - 1
+            O_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            O_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            O_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            O_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            O_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            O_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_0_1 = acc_0_1 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + O(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + O(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + O(O_row0 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + O(O_row1 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + O(O_row2 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + O(O_row3 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + O(O_row4 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + O(O_row5 + c) * Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -535,32 +459,32 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! Y.pointwise: from the DNF
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(2) schedule(static) private(m)
+    ! Y.pointwise: writes Y; reads R
+    ! for b, i (parallel) / m (simd)
+    !$omp parallel do collapse(2) schedule(static) private(m, Y_row)
     do b = 0, batch - 1
       do i = 0, n - 1
+        Y_row = dm*(b*n + i)
         !$omp simd
         do m = 0, 8*((dm) / 8) - 1
-          Y(dm*(b*n + i) + m) = R(dm*(b*n + i) + m) + Y(dm*(b*n + i) + m)
+          Y(Y_row + m) = R(dm*(b*n + i) + m) + Y(Y_row + m)
         end do
       end do
     end do
     !$omp end parallel do
-    ! Y.edge: from the DNF
-    ! Y[b, i, m] = (<b i m> psi R)
-    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-    !$omp parallel do collapse(2) schedule(static) private(m, h, c, heads_sum, ow)
+    ! Y.edge: writes Y; reads O, Wo, R
+    ! for b, i (parallel) / m / h / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(m, h, c, O_row, heads_sum, ow)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 8*((dm) / 8), dm - 1
           heads_sum = 0.0_c_float
           do h = 0, heads - 1
+            O_row = dh*(i + n*(b*heads + h))
             ow = 0.0_c_float
             !$omp simd reduction(+:ow)
             do c = 0, dh - 1
-              ow = ow + O(c + dh*(i + n*(b*heads + h))) * Wo(dm*(c + dh*h) + m)
+              ow = ow + O(O_row + c) * Wo(dm*(c + dh*h) + m)
             end do
             heads_sum = heads_sum + ow
           end do

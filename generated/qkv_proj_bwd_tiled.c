@@ -4,6 +4,18 @@
  * Schedule: reorder(h, m, c, nest=dWq); reorder(h, m, c, nest=dWk); reorder(h, m, c, nest=dWv); register_tile(dX, i x m, 6 x 8, packed); register_tile(dWq, m x c, 6 x 8, packed); register_tile(dWk, m x c, 6 x 8, packed); register_tile(dWv, m x c, 6 x 8, packed); parallel(b, m_tile, nest=dX); parallel(b, i, nest=dX.edge); parallel(h, c_tile, nest=dWq); parallel(h, m, nest=dWq.edge); parallel(h, c_tile, nest=dWk); parallel(h, m, nest=dWk.edge); parallel(h, c_tile, nest=dWv); parallel(h, m, nest=dWv.edge); parallel(h, nest=WqT); parallel(h, nest=WkT); parallel(h, nest=WvT); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c qkv_proj_bwd --variant tiled
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * WqT[h, c, m] = (<m h c> psi Wq)
+ * WkT[h, c, m] = (<m h c> psi Wk)
+ * WvT[h, c, m] = (<m h c> psi Wv)
+ * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+ *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+ *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+ * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+ * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+ * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+ */
+
 #include <math.h>
 #include <stdint.h>
 
@@ -36,10 +48,8 @@ static void qkv_proj_bwd_tiled_f64_dX(
     int64_t dh
 )
 {
-    /* dX: from the DNF
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* dX: writes dX; reads dQ, dK, dV; scratch WqT_panel, WkT_panel, WvT_panel
+     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -94,55 +104,73 @@ static void qkv_proj_bwd_tiled_f64_dX(
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_0_0 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
                     }
                 }
                 dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -227,8 +255,8 @@ static void qkv_proj_bwd_tiled_f64_dWq(
     int64_t dh
 )
 {
-    /* dWq: from the DNF
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    /* dWq: writes dWq; reads X; scratch dQ_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -416,8 +444,8 @@ static void qkv_proj_bwd_tiled_f64_dWk(
     int64_t dh
 )
 {
-    /* dWk: from the DNF
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    /* dWk: writes dWk; reads X; scratch dK_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -605,8 +633,8 @@ static void qkv_proj_bwd_tiled_f64_dWv(
     int64_t dh
 )
 {
-    /* dWv: from the DNF
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    /* dWv: writes dWv; reads X; scratch dV_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -793,8 +821,8 @@ void qkv_proj_bwd_tiled_f64(
     int64_t dh
 )
 {
-    /* WqT: from the DNF
-     * WqT[h, c, m] = (<m h c> psi Wq)
+    /* WqT: reads Wq; scratch WqT
+     * for h (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -805,8 +833,8 @@ void qkv_proj_bwd_tiled_f64(
             }
         }
     }
-    /* WkT: from the DNF
-     * WkT[h, c, m] = (<m h c> psi Wk)
+    /* WkT: reads Wk; scratch WkT
+     * for h (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -817,8 +845,8 @@ void qkv_proj_bwd_tiled_f64(
             }
         }
     }
-    /* WvT: from the DNF
-     * WvT[h, c, m] = (<m h c> psi Wv)
+    /* WvT: reads Wv; scratch WvT
+     * for h (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -829,59 +857,57 @@ void qkv_proj_bwd_tiled_f64(
             }
         }
     }
-    /* dX.pack_WqT: from the DNF
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* dX.pack_WqT: scratch WqT_panel, WqT
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t WqT_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WqT[dm*(c + dh*h) + lane + 8*m_tile];
+                    WqT_panel[WqT_panel_row + lane] = WqT[WqT_row + lane];
                 }
             }
         }
     }
-    /* dX.pack_WkT: from the DNF
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* dX.pack_WkT: scratch WkT_panel, WkT
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t WkT_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WkT[dm*(c + dh*h) + lane + 8*m_tile];
+                    WkT_panel[WkT_panel_row + lane] = WkT[WkT_row + lane];
                 }
             }
         }
     }
-    /* dX.pack_WvT: from the DNF
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* dX.pack_WvT: scratch WvT_panel, WvT
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t WvT_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WvT[dm*(c + dh*h) + lane + 8*m_tile];
+                    WvT_panel[WvT_panel_row + lane] = WvT[WvT_row + lane];
                 }
             }
         }
     }
     qkv_proj_bwd_tiled_f64_dX(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
-    /* dX.edge: from the DNF
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* dX.edge: writes dX; reads dQ, dK, dV; scratch WqT, WkT, WvT
+     * for b, i (parallel) / m / h / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -889,10 +915,13 @@ void qkv_proj_bwd_tiled_f64(
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
                 double heads_sum = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t dQ_row = dh*(i + n*(b*heads + h));
+                    const int64_t dK_row = dh*(i + n*(b*heads + h));
+                    const int64_t dV_row = dh*(i + n*(b*heads + h));
                     double gw = 0.0;
                     #pragma omp simd reduction(+:gw)
                     for (int64_t c = 0; c < dh; ++c) {
-                        gw += dQ[c + dh*(i + n*(b*heads + h))] * WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * WvT[dm*(c + dh*h) + m];
+                        gw += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
                     }
                     heads_sum += gw;
                 }
@@ -900,25 +929,27 @@ void qkv_proj_bwd_tiled_f64(
             }
         }
     }
-    /* dWq.pack_dQ: from the DNF
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    /* dWq.pack_dQ: reads dQ; scratch dQ_panel
+     * for h (parallel) / c_tile / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
                     #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
-                        dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                        dQ_panel[dQ_panel_row + lane] = dQ[dQ_row + lane];
                     }
                 }
             }
         }
     }
     qkv_proj_bwd_tiled_f64_dWq(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
-    /* dWq.edge: from the DNF
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    /* dWq.edge: writes dWq; reads X, dQ
+     * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -937,25 +968,27 @@ void qkv_proj_bwd_tiled_f64(
             }
         }
     }
-    /* dWk.pack_dK: from the DNF
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    /* dWk.pack_dK: reads dK; scratch dK_panel
+     * for h (parallel) / c_tile / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
                     #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
-                        dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                        dK_panel[dK_panel_row + lane] = dK[dK_row + lane];
                     }
                 }
             }
         }
     }
     qkv_proj_bwd_tiled_f64_dWk(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
-    /* dWk.edge: from the DNF
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    /* dWk.edge: writes dWk; reads X, dK
+     * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -974,25 +1007,27 @@ void qkv_proj_bwd_tiled_f64(
             }
         }
     }
-    /* dWv.pack_dV: from the DNF
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    /* dWv.pack_dV: reads dV; scratch dV_panel
+     * for h (parallel) / c_tile / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
                     #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
-                        dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                        dV_panel[dV_panel_row + lane] = dV[dV_row + lane];
                     }
                 }
             }
         }
     }
     qkv_proj_bwd_tiled_f64_dWv(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
-    /* dWv.edge: from the DNF
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    /* dWv.edge: writes dWv; reads X, dV
+     * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -1042,10 +1077,8 @@ static void qkv_proj_bwd_tiled_f32_dX(
     int64_t dh
 )
 {
-    /* dX: from the DNF
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* dX: writes dX; reads dQ, dK, dV; scratch WqT_panel, WkT_panel, WvT_panel
+     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1100,55 +1133,73 @@ static void qkv_proj_bwd_tiled_f32_dX(
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
                     for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_0_0 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
                     }
                 }
                 dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -1233,8 +1284,8 @@ static void qkv_proj_bwd_tiled_f32_dWq(
     int64_t dh
 )
 {
-    /* dWq: from the DNF
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    /* dWq: writes dWq; reads X; scratch dQ_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -1422,8 +1473,8 @@ static void qkv_proj_bwd_tiled_f32_dWk(
     int64_t dh
 )
 {
-    /* dWk: from the DNF
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    /* dWk: writes dWk; reads X; scratch dK_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -1611,8 +1662,8 @@ static void qkv_proj_bwd_tiled_f32_dWv(
     int64_t dh
 )
 {
-    /* dWv: from the DNF
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    /* dWv: writes dWv; reads X; scratch dV_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -1799,8 +1850,8 @@ void qkv_proj_bwd_tiled_f32(
     int64_t dh
 )
 {
-    /* WqT: from the DNF
-     * WqT[h, c, m] = (<m h c> psi Wq)
+    /* WqT: reads Wq; scratch WqT
+     * for h (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -1811,8 +1862,8 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    /* WkT: from the DNF
-     * WkT[h, c, m] = (<m h c> psi Wk)
+    /* WkT: reads Wk; scratch WkT
+     * for h (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -1823,8 +1874,8 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    /* WvT: from the DNF
-     * WvT[h, c, m] = (<m h c> psi Wv)
+    /* WvT: reads Wv; scratch WvT
+     * for h (parallel) / c / m (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -1835,59 +1886,57 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    /* dX.pack_WqT: from the DNF
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* dX.pack_WqT: scratch WqT_panel, WqT
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t WqT_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WqT[dm*(c + dh*h) + lane + 8*m_tile];
+                    WqT_panel[WqT_panel_row + lane] = WqT[WqT_row + lane];
                 }
             }
         }
     }
-    /* dX.pack_WkT: from the DNF
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* dX.pack_WkT: scratch WkT_panel, WkT
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t WkT_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WkT[dm*(c + dh*h) + lane + 8*m_tile];
+                    WkT_panel[WkT_panel_row + lane] = WkT[WkT_row + lane];
                 }
             }
         }
     }
-    /* dX.pack_WvT: from the DNF
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* dX.pack_WvT: scratch WvT_panel, WvT
+     * for m_tile (parallel) / h / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                const int64_t WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t WvT_row = dm*(c + dh*h) + 8*m_tile;
                 #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WvT[dm*(c + dh*h) + lane + 8*m_tile];
+                    WvT_panel[WvT_panel_row + lane] = WvT[WvT_row + lane];
                 }
             }
         }
     }
     qkv_proj_bwd_tiled_f32_dX(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
-    /* dX.edge: from the DNF
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    /* dX.edge: writes dX; reads dQ, dK, dV; scratch WqT, WkT, WvT
+     * for b, i (parallel) / m / h / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1895,10 +1944,13 @@ void qkv_proj_bwd_tiled_f32(
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
                 float heads_sum = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t dQ_row = dh*(i + n*(b*heads + h));
+                    const int64_t dK_row = dh*(i + n*(b*heads + h));
+                    const int64_t dV_row = dh*(i + n*(b*heads + h));
                     float gw = 0.0f;
                     #pragma omp simd reduction(+:gw)
                     for (int64_t c = 0; c < dh; ++c) {
-                        gw += dQ[c + dh*(i + n*(b*heads + h))] * WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * WvT[dm*(c + dh*h) + m];
+                        gw += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
                     }
                     heads_sum += gw;
                 }
@@ -1906,25 +1958,27 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    /* dWq.pack_dQ: from the DNF
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    /* dWq.pack_dQ: reads dQ; scratch dQ_panel
+     * for h (parallel) / c_tile / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
                     #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
-                        dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                        dQ_panel[dQ_panel_row + lane] = dQ[dQ_row + lane];
                     }
                 }
             }
         }
     }
     qkv_proj_bwd_tiled_f32_dWq(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
-    /* dWq.edge: from the DNF
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    /* dWq.edge: writes dWq; reads X, dQ
+     * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -1943,25 +1997,27 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    /* dWk.pack_dK: from the DNF
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    /* dWk.pack_dK: reads dK; scratch dK_panel
+     * for h (parallel) / c_tile / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
                     #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
-                        dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                        dK_panel[dK_panel_row + lane] = dK[dK_row + lane];
                     }
                 }
             }
         }
     }
     qkv_proj_bwd_tiled_f32_dWk(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
-    /* dWk.edge: from the DNF
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    /* dWk.edge: writes dWk; reads X, dK
+     * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
@@ -1980,25 +2036,27 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    /* dWv.pack_dV: from the DNF
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    /* dWv.pack_dV: reads dV; scratch dV_panel
+     * for h (parallel) / c_tile / b / i / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
                     #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
-                        dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                        dV_panel[dV_panel_row + lane] = dV[dV_row + lane];
                     }
                 }
             }
         }
     }
     qkv_proj_bwd_tiled_f32_dWv(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
-    /* dWv.edge: from the DNF
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    /* dWv.edge: writes dWv; reads X, dV
+     * for h, m (parallel) / c / b / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {

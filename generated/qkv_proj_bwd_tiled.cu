@@ -4,12 +4,24 @@
  * Schedule: reorder(h, m, c, nest=dWq); reorder(h, m, c, nest=dWk); reorder(h, m, c, nest=dWv); register_tile(dX, i x m, 6 x 8, packed); register_tile(dWq, m x c, 6 x 8, packed); register_tile(dWk, m x c, 6 x 8, packed); register_tile(dWv, m x c, 6 x 8, packed); gpu_threads(b, m_tile, 128 a block, nest=dX); gpu_threads(b, i, 128 a block, nest=dX.edge); gpu_threads(h, c_tile, 128 a block, nest=dWq); gpu_threads(h, m, 128 a block, nest=dWq.edge); gpu_threads(h, c_tile, 128 a block, nest=dWk); gpu_threads(h, m, 128 a block, nest=dWk.edge); gpu_threads(h, c_tile, 128 a block, nest=dWv); gpu_threads(h, m, 128 a block, nest=dWv.edge); gpu_threads(h, 128 a block, nest=WqT); gpu_threads(h, 128 a block, nest=WkT); gpu_threads(h, 128 a block, nest=WvT); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda qkv_proj_bwd --variant tiled
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * WqT[h, c, m] = (<m h c> psi Wq)
+ * WkT[h, c, m] = (<m h c> psi Wk)
+ * WvT[h, c, m] = (<m h c> psi Wv)
+ * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+ *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+ *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+ * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+ * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+ * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* WqT: from the DNF
- * WqT[h, c, m] = (<m h c> psi Wq)
+/* WqT: reads Wq; scratch WqT
+ * for h (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_WqT(
     const double *__restrict__ X,
@@ -49,8 +61,8 @@ __global__ void qkv_proj_bwd_tiled_f64_WqT(
     }
 }
 
-/* WkT: from the DNF
- * WkT[h, c, m] = (<m h c> psi Wk)
+/* WkT: reads Wk; scratch WkT
+ * for h (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_WkT(
     const double *__restrict__ X,
@@ -90,8 +102,8 @@ __global__ void qkv_proj_bwd_tiled_f64_WkT(
     }
 }
 
-/* WvT: from the DNF
- * WvT[h, c, m] = (<m h c> psi Wv)
+/* WvT: reads Wv; scratch WvT
+ * for h (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_WvT(
     const double *__restrict__ X,
@@ -131,10 +143,8 @@ __global__ void qkv_proj_bwd_tiled_f64_WvT(
     }
 }
 
-/* dX.pack_WqT: from the DNF
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* dX.pack_WqT: scratch WqT_panel, WqT
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dX_pack_WqT(
     const double *__restrict__ X,
@@ -169,17 +179,17 @@ __global__ void qkv_proj_bwd_tiled_f64_dX_pack_WqT(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t WqT_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WqT[dm*(c + dh*h) + lane + 8*m_tile];
+                WqT_panel[WqT_panel_row + lane] = WqT[WqT_row + lane];
             }
         }
     }
 }
 
-/* dX.pack_WkT: from the DNF
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* dX.pack_WkT: scratch WkT_panel, WkT
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dX_pack_WkT(
     const double *__restrict__ X,
@@ -214,17 +224,17 @@ __global__ void qkv_proj_bwd_tiled_f64_dX_pack_WkT(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t WkT_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WkT[dm*(c + dh*h) + lane + 8*m_tile];
+                WkT_panel[WkT_panel_row + lane] = WkT[WkT_row + lane];
             }
         }
     }
 }
 
-/* dX.pack_WvT: from the DNF
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* dX.pack_WvT: scratch WvT_panel, WvT
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dX_pack_WvT(
     const double *__restrict__ X,
@@ -259,17 +269,17 @@ __global__ void qkv_proj_bwd_tiled_f64_dX_pack_WvT(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t WvT_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WvT[dm*(c + dh*h) + lane + 8*m_tile];
+                WvT_panel[WvT_panel_row + lane] = WvT[WvT_row + lane];
             }
         }
     }
 }
 
-/* dX: from the DNF
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* dX: writes dX; reads dQ, dK, dV; scratch WqT_panel, WkT_panel, WvT_panel
+ * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dX(
     const double *__restrict__ X,
@@ -353,55 +363,73 @@ __global__ void qkv_proj_bwd_tiled_f64_dX(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t h = 0; h < heads; ++h) {
+            const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+            const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+            const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_0_0 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_0_1 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_0_2 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_0_3 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_0_4 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_0_5 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_0_6 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_0_7 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_1_0 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_1_1 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_1_2 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_1_3 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_1_4 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_1_5 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_1_6 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_1_7 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_2_0 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_2_1 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_2_2 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_2_3 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_2_4 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_2_5 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_2_6 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_2_7 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_3_0 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_3_1 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_3_2 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_3_3 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_3_4 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_3_5 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_3_6 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_3_7 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_4_0 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_4_1 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_4_2 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_4_3 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_4_4 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_4_5 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_4_6 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_4_7 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_5_0 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_5_1 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_5_2 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_5_3 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_5_4 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_5_5 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_5_6 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_5_7 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
         dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -455,10 +483,8 @@ __global__ void qkv_proj_bwd_tiled_f64_dX(
     }
 }
 
-/* dX.edge: from the DNF
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* dX.edge: writes dX; reads dQ, dK, dV; scratch WqT, WkT, WvT
+ * for b, i (parallel) / m / h / c (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dX_edge(
     const double *__restrict__ X,
@@ -495,9 +521,12 @@ __global__ void qkv_proj_bwd_tiled_f64_dX_edge(
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
         double heads_sum = 0.0;
         for (int64_t h = 0; h < heads; ++h) {
+            const int64_t dQ_row = dh*(i + n*(b*heads + h));
+            const int64_t dK_row = dh*(i + n*(b*heads + h));
+            const int64_t dV_row = dh*(i + n*(b*heads + h));
             double gw = 0.0;
             for (int64_t c = 0; c < dh; ++c) {
-                gw += dQ[c + dh*(i + n*(b*heads + h))] * WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * WvT[dm*(c + dh*h) + m];
+                gw += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
             }
             heads_sum += gw;
         }
@@ -505,8 +534,8 @@ __global__ void qkv_proj_bwd_tiled_f64_dX_edge(
     }
 }
 
-/* dWq.pack_dQ: from the DNF
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+/* dWq.pack_dQ: reads dQ; scratch dQ_panel
+ * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWq_pack_dQ(
     const double *__restrict__ X,
@@ -542,16 +571,18 @@ __global__ void qkv_proj_bwd_tiled_f64_dWq_pack_dQ(
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    dQ_panel[dQ_panel_row + lane] = dQ[dQ_row + lane];
                 }
             }
         }
     }
 }
 
-/* dWq: from the DNF
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+/* dWq: writes dWq; reads X; scratch dQ_panel
+ * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWq(
     const double *__restrict__ X,
@@ -737,8 +768,8 @@ __global__ void qkv_proj_bwd_tiled_f64_dWq(
     }
 }
 
-/* dWq.edge: from the DNF
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+/* dWq.edge: writes dWq; reads X, dQ
+ * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWq_edge(
     const double *__restrict__ X,
@@ -785,8 +816,8 @@ __global__ void qkv_proj_bwd_tiled_f64_dWq_edge(
     }
 }
 
-/* dWk.pack_dK: from the DNF
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+/* dWk.pack_dK: reads dK; scratch dK_panel
+ * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWk_pack_dK(
     const double *__restrict__ X,
@@ -822,16 +853,18 @@ __global__ void qkv_proj_bwd_tiled_f64_dWk_pack_dK(
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    dK_panel[dK_panel_row + lane] = dK[dK_row + lane];
                 }
             }
         }
     }
 }
 
-/* dWk: from the DNF
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+/* dWk: writes dWk; reads X; scratch dK_panel
+ * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWk(
     const double *__restrict__ X,
@@ -1017,8 +1050,8 @@ __global__ void qkv_proj_bwd_tiled_f64_dWk(
     }
 }
 
-/* dWk.edge: from the DNF
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+/* dWk.edge: writes dWk; reads X, dK
+ * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWk_edge(
     const double *__restrict__ X,
@@ -1065,8 +1098,8 @@ __global__ void qkv_proj_bwd_tiled_f64_dWk_edge(
     }
 }
 
-/* dWv.pack_dV: from the DNF
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+/* dWv.pack_dV: reads dV; scratch dV_panel
+ * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWv_pack_dV(
     const double *__restrict__ X,
@@ -1102,16 +1135,18 @@ __global__ void qkv_proj_bwd_tiled_f64_dWv_pack_dV(
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    dV_panel[dV_panel_row + lane] = dV[dV_row + lane];
                 }
             }
         }
     }
 }
 
-/* dWv: from the DNF
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+/* dWv: writes dWv; reads X; scratch dV_panel
+ * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWv(
     const double *__restrict__ X,
@@ -1297,8 +1332,8 @@ __global__ void qkv_proj_bwd_tiled_f64_dWv(
     }
 }
 
-/* dWv.edge: from the DNF
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+/* dWv.edge: writes dWv; reads X, dV
+ * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f64_dWv_edge(
     const double *__restrict__ X,
@@ -1375,121 +1410,120 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     int64_t dh
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_bwd_tiled_f64_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_bwd_tiled_f64_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_bwd_tiled_f64_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         qkv_proj_bwd_tiled_f64_dX_pack_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         qkv_proj_bwd_tiled_f64_dX_pack_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         qkv_proj_bwd_tiled_f64_dX_pack_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dm) / 8);
+        const int64_t count = batch*((dm) / 8), threads = 128;
         qkv_proj_bwd_tiled_f64_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         qkv_proj_bwd_tiled_f64_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_bwd_tiled_f64_dWq_pack_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dh) / 8);
+        const int64_t count = heads*((dh) / 8), threads = 128;
         qkv_proj_bwd_tiled_f64_dWq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm*heads;
+        const int64_t count = dm*heads, threads = 128;
         qkv_proj_bwd_tiled_f64_dWq_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_bwd_tiled_f64_dWk_pack_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dh) / 8);
+        const int64_t count = heads*((dh) / 8), threads = 128;
         qkv_proj_bwd_tiled_f64_dWk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm*heads;
+        const int64_t count = dm*heads, threads = 128;
         qkv_proj_bwd_tiled_f64_dWk_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_bwd_tiled_f64_dWv_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dh) / 8);
+        const int64_t count = heads*((dh) / 8), threads = 128;
         qkv_proj_bwd_tiled_f64_dWv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm*heads;
+        const int64_t count = dm*heads, threads = 128;
         qkv_proj_bwd_tiled_f64_dWv_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
@@ -1498,8 +1532,8 @@ extern "C" int qkv_proj_bwd_tiled_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* WqT: from the DNF
- * WqT[h, c, m] = (<m h c> psi Wq)
+/* WqT: reads Wq; scratch WqT
+ * for h (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_WqT(
     const float *__restrict__ X,
@@ -1539,8 +1573,8 @@ __global__ void qkv_proj_bwd_tiled_f32_WqT(
     }
 }
 
-/* WkT: from the DNF
- * WkT[h, c, m] = (<m h c> psi Wk)
+/* WkT: reads Wk; scratch WkT
+ * for h (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_WkT(
     const float *__restrict__ X,
@@ -1580,8 +1614,8 @@ __global__ void qkv_proj_bwd_tiled_f32_WkT(
     }
 }
 
-/* WvT: from the DNF
- * WvT[h, c, m] = (<m h c> psi Wv)
+/* WvT: reads Wv; scratch WvT
+ * for h (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_WvT(
     const float *__restrict__ X,
@@ -1621,10 +1655,8 @@ __global__ void qkv_proj_bwd_tiled_f32_WvT(
     }
 }
 
-/* dX.pack_WqT: from the DNF
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* dX.pack_WqT: scratch WqT_panel, WqT
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dX_pack_WqT(
     const float *__restrict__ X,
@@ -1659,17 +1691,17 @@ __global__ void qkv_proj_bwd_tiled_f32_dX_pack_WqT(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t WqT_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WqT[dm*(c + dh*h) + lane + 8*m_tile];
+                WqT_panel[WqT_panel_row + lane] = WqT[WqT_row + lane];
             }
         }
     }
 }
 
-/* dX.pack_WkT: from the DNF
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* dX.pack_WkT: scratch WkT_panel, WkT
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dX_pack_WkT(
     const float *__restrict__ X,
@@ -1704,17 +1736,17 @@ __global__ void qkv_proj_bwd_tiled_f32_dX_pack_WkT(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t WkT_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WkT[dm*(c + dh*h) + lane + 8*m_tile];
+                WkT_panel[WkT_panel_row + lane] = WkT[WkT_row + lane];
             }
         }
     }
 }
 
-/* dX.pack_WvT: from the DNF
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* dX.pack_WvT: scratch WvT_panel, WvT
+ * for m_tile (parallel) / h / c / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dX_pack_WvT(
     const float *__restrict__ X,
@@ -1749,17 +1781,17 @@ __global__ void qkv_proj_bwd_tiled_f32_dX_pack_WvT(
     const int64_t m_tile = tid;
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            const int64_t WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+            const int64_t WvT_row = dm*(c + dh*h) + 8*m_tile;
             for (int64_t lane = 0; lane < 8; ++lane) {
-                WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WvT[dm*(c + dh*h) + lane + 8*m_tile];
+                WvT_panel[WvT_panel_row + lane] = WvT[WvT_row + lane];
             }
         }
     }
 }
 
-/* dX: from the DNF
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* dX: writes dX; reads dQ, dK, dV; scratch WqT_panel, WkT_panel, WvT_panel
+ * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dX(
     const float *__restrict__ X,
@@ -1843,55 +1875,73 @@ __global__ void qkv_proj_bwd_tiled_f32_dX(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
+            const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+            const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+            const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+            const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+            const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+            const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+            const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+            const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
             for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_0_0 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_0_1 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_0_2 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_0_3 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_0_4 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_0_5 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_0_6 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_0_7 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_1_0 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_1_1 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_1_2 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_1_3 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_1_4 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_1_5 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_1_6 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_1_7 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_2_0 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_2_1 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_2_2 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_2_3 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_2_4 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_2_5 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_2_6 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_2_7 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_3_0 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_3_1 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_3_2 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_3_3 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_3_4 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_3_5 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_3_6 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_3_7 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_4_0 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_4_1 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_4_2 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_4_3 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_4_4 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_4_5 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_4_6 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_4_7 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_5_0 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_5_1 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_5_2 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_5_3 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_5_4 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_5_5 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_5_6 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_5_7 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
         dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
@@ -1945,10 +1995,8 @@ __global__ void qkv_proj_bwd_tiled_f32_dX(
     }
 }
 
-/* dX.edge: from the DNF
- * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
- *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
- *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+/* dX.edge: writes dX; reads dQ, dK, dV; scratch WqT, WkT, WvT
+ * for b, i (parallel) / m / h / c (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dX_edge(
     const float *__restrict__ X,
@@ -1985,9 +2033,12 @@ __global__ void qkv_proj_bwd_tiled_f32_dX_edge(
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
         float heads_sum = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
+            const int64_t dQ_row = dh*(i + n*(b*heads + h));
+            const int64_t dK_row = dh*(i + n*(b*heads + h));
+            const int64_t dV_row = dh*(i + n*(b*heads + h));
             float gw = 0.0f;
             for (int64_t c = 0; c < dh; ++c) {
-                gw += dQ[c + dh*(i + n*(b*heads + h))] * WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * WvT[dm*(c + dh*h) + m];
+                gw += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
             }
             heads_sum += gw;
         }
@@ -1995,8 +2046,8 @@ __global__ void qkv_proj_bwd_tiled_f32_dX_edge(
     }
 }
 
-/* dWq.pack_dQ: from the DNF
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+/* dWq.pack_dQ: reads dQ; scratch dQ_panel
+ * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWq_pack_dQ(
     const float *__restrict__ X,
@@ -2032,16 +2083,18 @@ __global__ void qkv_proj_bwd_tiled_f32_dWq_pack_dQ(
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    dQ_panel[dQ_panel_row + lane] = dQ[dQ_row + lane];
                 }
             }
         }
     }
 }
 
-/* dWq: from the DNF
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+/* dWq: writes dWq; reads X; scratch dQ_panel
+ * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWq(
     const float *__restrict__ X,
@@ -2227,8 +2280,8 @@ __global__ void qkv_proj_bwd_tiled_f32_dWq(
     }
 }
 
-/* dWq.edge: from the DNF
- * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+/* dWq.edge: writes dWq; reads X, dQ
+ * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWq_edge(
     const float *__restrict__ X,
@@ -2275,8 +2328,8 @@ __global__ void qkv_proj_bwd_tiled_f32_dWq_edge(
     }
 }
 
-/* dWk.pack_dK: from the DNF
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+/* dWk.pack_dK: reads dK; scratch dK_panel
+ * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWk_pack_dK(
     const float *__restrict__ X,
@@ -2312,16 +2365,18 @@ __global__ void qkv_proj_bwd_tiled_f32_dWk_pack_dK(
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    dK_panel[dK_panel_row + lane] = dK[dK_row + lane];
                 }
             }
         }
     }
 }
 
-/* dWk: from the DNF
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+/* dWk: writes dWk; reads X; scratch dK_panel
+ * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWk(
     const float *__restrict__ X,
@@ -2507,8 +2562,8 @@ __global__ void qkv_proj_bwd_tiled_f32_dWk(
     }
 }
 
-/* dWk.edge: from the DNF
- * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+/* dWk.edge: writes dWk; reads X, dK
+ * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWk_edge(
     const float *__restrict__ X,
@@ -2555,8 +2610,8 @@ __global__ void qkv_proj_bwd_tiled_f32_dWk_edge(
     }
 }
 
-/* dWv.pack_dV: from the DNF
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+/* dWv.pack_dV: reads dV; scratch dV_panel
+ * for h (parallel) / c_tile / b / i / lane (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWv_pack_dV(
     const float *__restrict__ X,
@@ -2592,16 +2647,18 @@ __global__ void qkv_proj_bwd_tiled_f32_dWv_pack_dV(
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                const int64_t dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
                 for (int64_t lane = 0; lane < 8; ++lane) {
-                    dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    dV_panel[dV_panel_row + lane] = dV[dV_row + lane];
                 }
             }
         }
     }
 }
 
-/* dWv: from the DNF
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+/* dWv: writes dWv; reads X; scratch dV_panel
+ * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWv(
     const float *__restrict__ X,
@@ -2787,8 +2844,8 @@ __global__ void qkv_proj_bwd_tiled_f32_dWv(
     }
 }
 
-/* dWv.edge: from the DNF
- * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+/* dWv.edge: writes dWv; reads X, dV
+ * for h, m (parallel) / c / b / i (simd)
  */
 __global__ void qkv_proj_bwd_tiled_f32_dWv_edge(
     const float *__restrict__ X,
@@ -2865,121 +2922,120 @@ extern "C" int qkv_proj_bwd_tiled_f32(
     int64_t dh
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_bwd_tiled_f32_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_bwd_tiled_f32_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_bwd_tiled_f32_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         qkv_proj_bwd_tiled_f32_dX_pack_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         qkv_proj_bwd_tiled_f32_dX_pack_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = ((dm) / 8);
+        const int64_t count = ((dm) / 8), threads = 128;
         qkv_proj_bwd_tiled_f32_dX_pack_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dm) / 8);
+        const int64_t count = batch*((dm) / 8), threads = 128;
         qkv_proj_bwd_tiled_f32_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         qkv_proj_bwd_tiled_f32_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_bwd_tiled_f32_dWq_pack_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dh) / 8);
+        const int64_t count = heads*((dh) / 8), threads = 128;
         qkv_proj_bwd_tiled_f32_dWq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm*heads;
+        const int64_t count = dm*heads, threads = 128;
         qkv_proj_bwd_tiled_f32_dWq_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_bwd_tiled_f32_dWk_pack_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dh) / 8);
+        const int64_t count = heads*((dh) / 8), threads = 128;
         qkv_proj_bwd_tiled_f32_dWk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm*heads;
+        const int64_t count = dm*heads, threads = 128;
         qkv_proj_bwd_tiled_f32_dWk_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_bwd_tiled_f32_dWv_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads*((dh) / 8);
+        const int64_t count = heads*((dh) / 8), threads = 128;
         qkv_proj_bwd_tiled_f32_dWv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = dm*heads;
+        const int64_t count = dm*heads, threads = 128;
         qkv_proj_bwd_tiled_f32_dWv_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();

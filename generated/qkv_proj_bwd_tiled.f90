@@ -2,6 +2,17 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: reorder(h, m, c, nest=dWq); reorder(h, m, c, nest=dWk); reorder(h, m, c, nest=dWv); register_tile(dX, i x m, 6 x 8, packed); register_tile(dWq, m x c, 6 x 8, packed); register_tile(dWk, m x c, 6 x 8, packed); register_tile(dWv, m x c, 6 x 8, packed); parallel(b, m_tile, nest=dX); parallel(b, i, nest=dX.edge); parallel(h, c_tile, nest=dWq); parallel(h, m, nest=dWq.edge); parallel(h, c_tile, nest=dWk); parallel(h, m, nest=dWk.edge); parallel(h, c_tile, nest=dWv); parallel(h, m, nest=dWv.edge); parallel(h, nest=WqT); parallel(h, nest=WkT); parallel(h, nest=WvT); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran qkv_proj_bwd --variant tiled
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! WqT[h, c, m] = (<m h c> psi Wq)
+! WkT[h, c, m] = (<m h c> psi Wk)
+! WvT[h, c, m] = (<m h c> psi Wv)
+! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+!               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+!               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -33,7 +44,11 @@ contains
     real(c_double), intent(out) :: dQ_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_double), intent(out) :: dK_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_double), intent(out) :: dV_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
-    integer(c_int64_t) :: h, c, m, m_tile, lane, b, i_tile, i, c_tile
+    integer(c_int64_t) :: h, c, m, m_tile, lane, b, i_tile, i, c_tile, WqT_panel_row, WqT_row, &
+        & WkT_panel_row, WkT_row, WvT_panel_row, WvT_row, dQ_row0, dQ_row1, dQ_row2, dQ_row3, &
+        & dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, dK_row5, dV_row0, &
+        & dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dQ_row, dK_row, dV_row, dQ_panel_row, &
+        & dK_panel_row, dV_panel_row
     real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -41,8 +56,8 @@ contains
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, heads_sum, gw, batches, xg
 
-    ! WqT: from the DNF
-    ! WqT[h, c, m] = (<m h c> psi Wq)
+    ! WqT: reads Wq; scratch WqT
+    ! for h (parallel) / c / m (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -53,8 +68,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! WkT: from the DNF
-    ! WkT[h, c, m] = (<m h c> psi Wk)
+    ! WkT: reads Wk; scratch WkT
+    ! for h (parallel) / c / m (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -65,8 +80,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! WvT: from the DNF
-    ! WvT[h, c, m] = (<m h c> psi Wv)
+    ! WvT: reads Wv; scratch WvT
+    ! for h (parallel) / c / m (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -77,59 +92,59 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dX.pack_WqT: from the DNF
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! dX.pack_WqT: scratch WqT_panel, WqT
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, WqT_panel_row, WqT_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          WqT_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            WqT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = WqT(dm*(c + dh*h) + lane + 8*m_tile)
+            WqT_panel(WqT_panel_row + lane) = WqT(WqT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dX.pack_WkT: from the DNF
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! dX.pack_WkT: scratch WkT_panel, WkT
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, WkT_panel_row, WkT_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          WkT_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            WkT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = WkT(dm*(c + dh*h) + lane + 8*m_tile)
+            WkT_panel(WkT_panel_row + lane) = WkT(WkT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dX.pack_WvT: from the DNF
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! dX.pack_WvT: scratch WvT_panel, WvT
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, WvT_panel_row, WvT_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          WvT_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            WvT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = WvT(dm*(c + dh*h) + lane + 8*m_tile)
+            WvT_panel(WvT_panel_row + lane) = WvT(WvT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dX: from the DNF
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, acc_0_0, acc_0_1, &
+    ! dX: writes dX; reads dQ, dK, dV; scratch WqT_panel, WkT_panel, WvT_panel
+    ! for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, dQ_row0, dQ_row1, &
+    !$omp& dQ_row2, dQ_row3, dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, &
+    !$omp& dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
@@ -188,248 +203,170 @@ contains
           acc_5_7 = 0.0_c_double
           !GCC$ novector
           do h = 0, heads - 1
+            dQ_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            dQ_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            dQ_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            dQ_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            dQ_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            dQ_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            dK_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            dK_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            dK_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            dK_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            dK_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            dK_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            dV_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            dV_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            dV_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            dV_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            dV_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            dV_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                  & dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile))
-              acc_0_1 = acc_0_1 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                  & - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile))
-              acc_1_1 = acc_1_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                  & - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile))
-              acc_2_1 = acc_2_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                  & - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile))
-              acc_3_1 = acc_3_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                  & - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile))
-              acc_4_1 = acc_4_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                  & - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile))
-              acc_5_1 = acc_5_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row0 + c) &
+                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row1 + c) &
+                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row2 + c) &
+                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row3 + c) &
+                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row4 + c) &
+                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row5 + c) &
+                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           dX(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -484,22 +421,23 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dX.edge: from the DNF
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(2) schedule(static) private(m, h, c, heads_sum, gw)
+    ! dX.edge: writes dX; reads dQ, dK, dV; scratch WqT, WkT, WvT
+    ! for b, i (parallel) / m / h / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(m, h, c, dQ_row, dK_row, dV_row, &
+    !$omp& heads_sum, gw)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 8*((dm) / 8), dm - 1
           heads_sum = 0.0_c_double
           do h = 0, heads - 1
+            dQ_row = dh*(i + n*(b*heads + h))
+            dK_row = dh*(i + n*(b*heads + h))
+            dV_row = dh*(i + n*(b*heads + h))
             gw = 0.0_c_double
             !$omp simd reduction(+:gw)
             do c = 0, dh - 1
-              gw = gw + dQ(c + dh*(i + n*(b*heads + h))) * WqT(dm*(c + dh*h) + m) + dK(c + dh*(i &
-                  & + n*(b*heads + h))) * WkT(dm*(c + dh*h) + m) + dV(c + dh*(i + n*(b*heads + &
-                  & h))) * WvT(dm*(c + dh*h) + m)
+              gw = gw + dQ(dQ_row + c) * WqT(dm*(c + dh*h) + m) + dK(dK_row + c) * WkT(dm*(c + &
+                  & dh*h) + m) + dV(dV_row + c) * WvT(dm*(c + dh*h) + m)
             end do
             heads_sum = heads_sum + gw
           end do
@@ -508,25 +446,26 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWq.pack_dQ: from the DNF
-    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    ! dWq.pack_dQ: reads dQ; scratch dQ_panel
+    ! for h (parallel) / c_tile / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, dQ_panel_row, dQ_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
+            dQ_row = 8*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
             do lane = 0, 7
-              dQ_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + lane)
+              dQ_panel(dQ_panel_row + lane) = dQ(dQ_row + lane)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWq: from the DNF
-    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    ! dWq: writes dWq; reads X; scratch dQ_panel
+    ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -738,8 +677,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWq.edge: from the DNF
-    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    ! dWq.edge: writes dWq; reads X, dQ
+    ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -758,25 +697,26 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWk.pack_dK: from the DNF
-    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    ! dWk.pack_dK: reads dK; scratch dK_panel
+    ! for h (parallel) / c_tile / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, dK_panel_row, dK_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
+            dK_row = 8*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
             do lane = 0, 7
-              dK_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + lane)
+              dK_panel(dK_panel_row + lane) = dK(dK_row + lane)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWk: from the DNF
-    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    ! dWk: writes dWk; reads X; scratch dK_panel
+    ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -988,8 +928,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWk.edge: from the DNF
-    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    ! dWk.edge: writes dWk; reads X, dK
+    ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -1008,25 +948,26 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWv.pack_dV: from the DNF
-    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    ! dWv.pack_dV: reads dV; scratch dV_panel
+    ! for h (parallel) / c_tile / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, dV_panel_row, dV_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
+            dV_row = 8*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
             do lane = 0, 7
-              dV_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + lane)
+              dV_panel(dV_panel_row + lane) = dV(dV_row + lane)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWv: from the DNF
-    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    ! dWv: writes dWv; reads X; scratch dV_panel
+    ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -1238,8 +1179,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWv.edge: from the DNF
-    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    ! dWv.edge: writes dWv; reads X, dV
+    ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -1284,7 +1225,11 @@ contains
     real(c_float), intent(out) :: dQ_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_float), intent(out) :: dK_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_float), intent(out) :: dV_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
-    integer(c_int64_t) :: h, c, m, m_tile, lane, b, i_tile, i, c_tile
+    integer(c_int64_t) :: h, c, m, m_tile, lane, b, i_tile, i, c_tile, WqT_panel_row, WqT_row, &
+        & WkT_panel_row, WkT_row, WvT_panel_row, WvT_row, dQ_row0, dQ_row1, dQ_row2, dQ_row3, &
+        & dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, dK_row5, dV_row0, &
+        & dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dQ_row, dK_row, dV_row, dQ_panel_row, &
+        & dK_panel_row, dV_panel_row
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -1292,8 +1237,8 @@ contains
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, heads_sum, gw, batches, xg
 
-    ! WqT: from the DNF
-    ! WqT[h, c, m] = (<m h c> psi Wq)
+    ! WqT: reads Wq; scratch WqT
+    ! for h (parallel) / c / m (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -1304,8 +1249,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! WkT: from the DNF
-    ! WkT[h, c, m] = (<m h c> psi Wk)
+    ! WkT: reads Wk; scratch WkT
+    ! for h (parallel) / c / m (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -1316,8 +1261,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! WvT: from the DNF
-    ! WvT[h, c, m] = (<m h c> psi Wv)
+    ! WvT: reads Wv; scratch WvT
+    ! for h (parallel) / c / m (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
@@ -1328,59 +1273,59 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dX.pack_WqT: from the DNF
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! dX.pack_WqT: scratch WqT_panel, WqT
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, WqT_panel_row, WqT_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          WqT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          WqT_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            WqT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = WqT(dm*(c + dh*h) + lane + 8*m_tile)
+            WqT_panel(WqT_panel_row + lane) = WqT(WqT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dX.pack_WkT: from the DNF
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! dX.pack_WkT: scratch WkT_panel, WkT
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, WkT_panel_row, WkT_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          WkT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          WkT_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            WkT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = WkT(dm*(c + dh*h) + lane + 8*m_tile)
+            WkT_panel(WkT_panel_row + lane) = WkT(WkT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dX.pack_WvT: from the DNF
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    ! dX.pack_WvT: scratch WvT_panel, WvT
+    ! for m_tile (parallel) / h / c / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane, WvT_panel_row, WvT_row)
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          WvT_panel_row = 8*c + 8*dh*(h + heads*m_tile)
+          WvT_row = dm*(c + dh*h) + 8*m_tile
           !$omp simd
           do lane = 0, 7
-            WvT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = WvT(dm*(c + dh*h) + lane + 8*m_tile)
+            WvT_panel(WvT_panel_row + lane) = WvT(WvT_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dX: from the DNF
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, acc_0_0, acc_0_1, &
+    ! dX: writes dX; reads dQ, dK, dV; scratch WqT_panel, WkT_panel, WvT_panel
+    ! for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(i_tile, h, c, dQ_row0, dQ_row1, &
+    !$omp& dQ_row2, dQ_row3, dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, &
+    !$omp& dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
@@ -1439,248 +1384,170 @@ contains
           acc_5_7 = 0.0_c_float
           !GCC$ novector
           do h = 0, heads - 1
+            dQ_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            dQ_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            dQ_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            dQ_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            dQ_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            dQ_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            dK_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            dK_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            dK_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            dK_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            dK_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            dK_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            dV_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
+            dV_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
+            dV_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
+            dV_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
+            dV_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
+            dV_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                  & dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile))
-              acc_0_1 = acc_0_1 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(c &
-                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                  & - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile))
-              acc_1_1 = acc_1_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                  & - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile))
-              acc_2_1 = acc_2_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                  & - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile))
-              acc_3_1 = acc_3_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                  & - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile))
-              acc_4_1 = acc_4_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                  & - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + 8*dh*(h + &
-                  & heads*m_tile))
-              acc_5_1 = acc_5_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                  & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                  & 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row0 + c) &
+                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
+                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row0 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row1 + c) &
+                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
+                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row1 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row2 + c) &
+                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
+                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row2 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row3 + c) &
+                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
+                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row3 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row4 + c) &
+                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
+                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row4 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row5 + c) &
+                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
+                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row5 &
+                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           dX(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -1735,22 +1602,23 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dX.edge: from the DNF
-    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-    !$omp parallel do collapse(2) schedule(static) private(m, h, c, heads_sum, gw)
+    ! dX.edge: writes dX; reads dQ, dK, dV; scratch WqT, WkT, WvT
+    ! for b, i (parallel) / m / h / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(m, h, c, dQ_row, dK_row, dV_row, &
+    !$omp& heads_sum, gw)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 8*((dm) / 8), dm - 1
           heads_sum = 0.0_c_float
           do h = 0, heads - 1
+            dQ_row = dh*(i + n*(b*heads + h))
+            dK_row = dh*(i + n*(b*heads + h))
+            dV_row = dh*(i + n*(b*heads + h))
             gw = 0.0_c_float
             !$omp simd reduction(+:gw)
             do c = 0, dh - 1
-              gw = gw + dQ(c + dh*(i + n*(b*heads + h))) * WqT(dm*(c + dh*h) + m) + dK(c + dh*(i &
-                  & + n*(b*heads + h))) * WkT(dm*(c + dh*h) + m) + dV(c + dh*(i + n*(b*heads + &
-                  & h))) * WvT(dm*(c + dh*h) + m)
+              gw = gw + dQ(dQ_row + c) * WqT(dm*(c + dh*h) + m) + dK(dK_row + c) * WkT(dm*(c + &
+                  & dh*h) + m) + dV(dV_row + c) * WvT(dm*(c + dh*h) + m)
             end do
             heads_sum = heads_sum + gw
           end do
@@ -1759,25 +1627,26 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWq.pack_dQ: from the DNF
-    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    ! dWq.pack_dQ: reads dQ; scratch dQ_panel
+    ! for h (parallel) / c_tile / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, dQ_panel_row, dQ_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
+            dQ_row = 8*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
             do lane = 0, 7
-              dQ_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + lane)
+              dQ_panel(dQ_panel_row + lane) = dQ(dQ_row + lane)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWq: from the DNF
-    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    ! dWq: writes dWq; reads X; scratch dQ_panel
+    ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -1989,8 +1858,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWq.edge: from the DNF
-    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    ! dWq.edge: writes dWq; reads X, dQ
+    ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -2009,25 +1878,26 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWk.pack_dK: from the DNF
-    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    ! dWk.pack_dK: reads dK; scratch dK_panel
+    ! for h (parallel) / c_tile / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, dK_panel_row, dK_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
+            dK_row = 8*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
             do lane = 0, 7
-              dK_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + lane)
+              dK_panel(dK_panel_row + lane) = dK(dK_row + lane)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWk: from the DNF
-    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    ! dWk: writes dWk; reads X; scratch dK_panel
+    ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -2239,8 +2109,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWk.edge: from the DNF
-    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    ! dWk.edge: writes dWk; reads X, dK
+    ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
     do h = 0, heads - 1
       do m = 0, dm - 1
@@ -2259,25 +2129,26 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWv.pack_dV: from the DNF
-    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    ! dWv.pack_dV: reads dV; scratch dV_panel
+    ! for h (parallel) / c_tile / b / i / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane, dV_panel_row, dV_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))
+            dV_row = 8*c_tile + dh*(i + n*(b*heads + h))
             !$omp simd
             do lane = 0, 7
-              dV_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + lane)
+              dV_panel(dV_panel_row + lane) = dV(dV_row + lane)
             end do
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! dWv: from the DNF
-    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    ! dWv: writes dWv; reads X; scratch dV_panel
+    ! for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(2) schedule(static) private(m_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -2489,8 +2360,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dWv.edge: from the DNF
-    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    ! dWv.edge: writes dWv; reads X, dV
+    ! for h, m (parallel) / c / b / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
     do h = 0, heads - 1
       do m = 0, dm - 1

@@ -4,12 +4,18 @@
  * Schedule: register_tile(Q, i x c, 6 x 8, packed); register_tile(K, i x c, 6 x 8, packed); register_tile(V, i x c, 6 x 8, packed); gpu_threads(b, h, c_tile, 128 a block, nest=Q); gpu_threads(b, h, i, 128 a block, nest=Q.edge); gpu_threads(b, h, c_tile, 128 a block, nest=K); gpu_threads(b, h, i, 128 a block, nest=K.edge); gpu_threads(b, h, c_tile, 128 a block, nest=V); gpu_threads(b, h, i, 128 a block, nest=V.edge); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda qkv_proj --variant tiled
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+ * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+ * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* Q.pack_Wq: from the DNF
- * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+/* Q.pack_Wq: reads Wq; scratch Wq_panel
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void qkv_proj_tiled_f64_Q_pack_Wq(
     const double *__restrict__ X,
@@ -34,15 +40,17 @@ __global__ void qkv_proj_tiled_f64_Q_pack_Wq(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
+                Wq_panel[Wq_panel_row + lane] = Wq[Wq_row + lane];
             }
         }
     }
 }
 
-/* Q: from the DNF
- * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+/* Q: writes Q; reads X; scratch Wq_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void qkv_proj_tiled_f64_Q(
     const double *__restrict__ X,
@@ -68,6 +76,12 @@ __global__ void qkv_proj_tiled_f64_Q(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -117,54 +131,54 @@ __global__ void qkv_proj_tiled_f64_Q(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -217,8 +231,8 @@ __global__ void qkv_proj_tiled_f64_Q(
     }
 }
 
-/* Q.edge: from the DNF
- * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+/* Q.edge: writes Q; reads X, Wq
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_tiled_f64_Q_edge(
     const double *__restrict__ X,
@@ -243,17 +257,18 @@ __global__ void qkv_proj_tiled_f64_Q_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t Q_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         double xw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             xw += X[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
         }
-        Q[c + dh*(i + n*(b*heads + h))] = xw;
+        Q[Q_row + c] = xw;
     }
 }
 
-/* K.pack_Wk: from the DNF
- * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+/* K.pack_Wk: reads Wk; scratch Wk_panel
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void qkv_proj_tiled_f64_K_pack_Wk(
     const double *__restrict__ X,
@@ -278,15 +293,17 @@ __global__ void qkv_proj_tiled_f64_K_pack_Wk(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t Wk_row = 8*c_tile + dh*(h + heads*m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
+                Wk_panel[Wk_panel_row + lane] = Wk[Wk_row + lane];
             }
         }
     }
 }
 
-/* K: from the DNF
- * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+/* K: writes K; reads X; scratch Wk_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void qkv_proj_tiled_f64_K(
     const double *__restrict__ X,
@@ -312,6 +329,12 @@ __global__ void qkv_proj_tiled_f64_K(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -361,54 +384,54 @@ __global__ void qkv_proj_tiled_f64_K(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -461,8 +484,8 @@ __global__ void qkv_proj_tiled_f64_K(
     }
 }
 
-/* K.edge: from the DNF
- * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+/* K.edge: writes K; reads X, Wk
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_tiled_f64_K_edge(
     const double *__restrict__ X,
@@ -487,17 +510,18 @@ __global__ void qkv_proj_tiled_f64_K_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t K_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         double xw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             xw += X[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
         }
-        K[c + dh*(i + n*(b*heads + h))] = xw;
+        K[K_row + c] = xw;
     }
 }
 
-/* V.pack_Wv: from the DNF
- * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+/* V.pack_Wv: reads Wv; scratch Wv_panel
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void qkv_proj_tiled_f64_V_pack_Wv(
     const double *__restrict__ X,
@@ -522,15 +546,17 @@ __global__ void qkv_proj_tiled_f64_V_pack_Wv(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
+                Wv_panel[Wv_panel_row + lane] = Wv[Wv_row + lane];
             }
         }
     }
 }
 
-/* V: from the DNF
- * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+/* V: writes V; reads X; scratch Wv_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void qkv_proj_tiled_f64_V(
     const double *__restrict__ X,
@@ -556,6 +582,12 @@ __global__ void qkv_proj_tiled_f64_V(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -605,54 +637,54 @@ __global__ void qkv_proj_tiled_f64_V(
         double acc_5_6 = 0.0;
         double acc_5_7 = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -705,8 +737,8 @@ __global__ void qkv_proj_tiled_f64_V(
     }
 }
 
-/* V.edge: from the DNF
- * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+/* V.edge: writes V; reads X, Wv
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_tiled_f64_V_edge(
     const double *__restrict__ X,
@@ -731,12 +763,13 @@ __global__ void qkv_proj_tiled_f64_V_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t V_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         double xw = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
             xw += X[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
         }
-        V[c + dh*(i + n*(b*heads + h))] = xw;
+        V[V_row + c] = xw;
     }
 }
 
@@ -760,65 +793,64 @@ extern "C" int qkv_proj_tiled_f64(
     int64_t dh
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_tiled_f64_Q_pack_Wq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         qkv_proj_tiled_f64_Q<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         qkv_proj_tiled_f64_Q_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_tiled_f64_K_pack_Wk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         qkv_proj_tiled_f64_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         qkv_proj_tiled_f64_K_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_tiled_f64_V_pack_Wv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         qkv_proj_tiled_f64_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         qkv_proj_tiled_f64_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
@@ -827,8 +859,8 @@ extern "C" int qkv_proj_tiled_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* Q.pack_Wq: from the DNF
- * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+/* Q.pack_Wq: reads Wq; scratch Wq_panel
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void qkv_proj_tiled_f32_Q_pack_Wq(
     const float *__restrict__ X,
@@ -853,15 +885,17 @@ __global__ void qkv_proj_tiled_f32_Q_pack_Wq(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
+                Wq_panel[Wq_panel_row + lane] = Wq[Wq_row + lane];
             }
         }
     }
 }
 
-/* Q: from the DNF
- * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+/* Q: writes Q; reads X; scratch Wq_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void qkv_proj_tiled_f32_Q(
     const float *__restrict__ X,
@@ -887,6 +921,12 @@ __global__ void qkv_proj_tiled_f32_Q(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -936,54 +976,54 @@ __global__ void qkv_proj_tiled_f32_Q(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -1036,8 +1076,8 @@ __global__ void qkv_proj_tiled_f32_Q(
     }
 }
 
-/* Q.edge: from the DNF
- * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+/* Q.edge: writes Q; reads X, Wq
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_tiled_f32_Q_edge(
     const float *__restrict__ X,
@@ -1062,17 +1102,18 @@ __global__ void qkv_proj_tiled_f32_Q_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t Q_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         float xw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             xw += X[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
         }
-        Q[c + dh*(i + n*(b*heads + h))] = xw;
+        Q[Q_row + c] = xw;
     }
 }
 
-/* K.pack_Wk: from the DNF
- * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+/* K.pack_Wk: reads Wk; scratch Wk_panel
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void qkv_proj_tiled_f32_K_pack_Wk(
     const float *__restrict__ X,
@@ -1097,15 +1138,17 @@ __global__ void qkv_proj_tiled_f32_K_pack_Wk(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t Wk_row = 8*c_tile + dh*(h + heads*m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
+                Wk_panel[Wk_panel_row + lane] = Wk[Wk_row + lane];
             }
         }
     }
 }
 
-/* K: from the DNF
- * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+/* K: writes K; reads X; scratch Wk_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void qkv_proj_tiled_f32_K(
     const float *__restrict__ X,
@@ -1131,6 +1174,12 @@ __global__ void qkv_proj_tiled_f32_K(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -1180,54 +1229,54 @@ __global__ void qkv_proj_tiled_f32_K(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -1280,8 +1329,8 @@ __global__ void qkv_proj_tiled_f32_K(
     }
 }
 
-/* K.edge: from the DNF
- * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+/* K.edge: writes K; reads X, Wk
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_tiled_f32_K_edge(
     const float *__restrict__ X,
@@ -1306,17 +1355,18 @@ __global__ void qkv_proj_tiled_f32_K_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t K_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         float xw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             xw += X[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
         }
-        K[c + dh*(i + n*(b*heads + h))] = xw;
+        K[K_row + c] = xw;
     }
 }
 
-/* V.pack_Wv: from the DNF
- * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+/* V.pack_Wv: reads Wv; scratch Wv_panel
+ * for h (parallel) / c_tile / m / lane (simd)
  */
 __global__ void qkv_proj_tiled_f32_V_pack_Wv(
     const float *__restrict__ X,
@@ -1341,15 +1391,17 @@ __global__ void qkv_proj_tiled_f32_V_pack_Wv(
     const int64_t h = tid;
     for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
         for (int64_t m = 0; m < dm; ++m) {
+            const int64_t Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+            const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
             for (int64_t lane = 0; lane < 8; ++lane) {
-                Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
+                Wv_panel[Wv_panel_row + lane] = Wv[Wv_row + lane];
             }
         }
     }
 }
 
-/* V: from the DNF
- * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+/* V: writes V; reads X; scratch Wv_panel
+ * for b, h, c_tile (parallel) / i_tile / m (register tile)
  */
 __global__ void qkv_proj_tiled_f32_V(
     const float *__restrict__ X,
@@ -1375,6 +1427,12 @@ __global__ void qkv_proj_tiled_f32_V(
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
     for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+        const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+        const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+        const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+        const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+        const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+        const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -1424,54 +1482,54 @@ __global__ void qkv_proj_tiled_f32_V(
         float acc_5_6 = 0.0f;
         float acc_5_7 = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_0_2 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_0_3 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_0_4 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_0_5 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_0_6 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_0_7 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_1_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_1_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_1_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_1_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_1_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_1_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_1_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_1_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_2_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_2_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_2_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_2_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_2_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_2_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_2_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_2_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_3_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_3_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_3_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_3_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_3_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_3_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_3_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_3_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_4_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_4_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_4_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_4_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_4_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_4_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_4_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_4_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-            acc_5_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-            acc_5_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-            acc_5_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-            acc_5_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-            acc_5_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-            acc_5_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-            acc_5_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-            acc_5_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_0_0 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
         V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
         V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
@@ -1524,8 +1582,8 @@ __global__ void qkv_proj_tiled_f32_V(
     }
 }
 
-/* V.edge: from the DNF
- * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+/* V.edge: writes V; reads X, Wv
+ * for b, h, i (parallel) / c / m (simd)
  */
 __global__ void qkv_proj_tiled_f32_V_edge(
     const float *__restrict__ X,
@@ -1550,12 +1608,13 @@ __global__ void qkv_proj_tiled_f32_V_edge(
     const int64_t i = tid % n;
     const int64_t h = (tid / n) % heads;
     const int64_t b = (tid / (heads*n));
+    const int64_t V_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
         float xw = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
             xw += X[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
         }
-        V[c + dh*(i + n*(b*heads + h))] = xw;
+        V[V_row + c] = xw;
     }
 }
 
@@ -1579,65 +1638,64 @@ extern "C" int qkv_proj_tiled_f32(
     int64_t dh
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_tiled_f32_Q_pack_Wq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         qkv_proj_tiled_f32_Q<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         qkv_proj_tiled_f32_Q_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_tiled_f32_K_pack_Wk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         qkv_proj_tiled_f32_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         qkv_proj_tiled_f32_K_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = heads;
+        const int64_t count = heads, threads = 128;
         qkv_proj_tiled_f32_V_pack_Wv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*((dh) / 8);
+        const int64_t count = batch*heads*((dh) / 8), threads = 128;
         qkv_proj_tiled_f32_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*n, threads = 128;
         qkv_proj_tiled_f32_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
         const cudaError_t err = cudaGetLastError();

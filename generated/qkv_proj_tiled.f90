@@ -2,6 +2,11 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: register_tile(Q, i x c, 6 x 8, packed); register_tile(K, i x c, 6 x 8, packed); register_tile(V, i x c, 6 x 8, packed); parallel(b, h, c_tile, nest=Q); parallel(b, h, i, nest=Q.edge); parallel(b, h, c_tile, nest=K); parallel(b, h, i, nest=K.edge); parallel(b, h, c_tile, nest=V); parallel(b, h, i, nest=V.edge); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran qkv_proj --variant tiled
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -23,7 +28,9 @@ contains
     real(c_double), intent(out) :: Wq_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: Wk_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: Wv_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
-    integer(c_int64_t) :: h, c_tile, m, lane, b, i_tile, i, c
+    integer(c_int64_t) :: h, c_tile, m, lane, b, i_tile, i, c, Wq_panel_row, Wq_row, X_row0, &
+        & X_row1, X_row2, X_row3, X_row4, X_row5, Q_row, Wk_panel_row, Wk_row, K_row, &
+        & Wv_panel_row, Wv_row, V_row
     real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -31,33 +38,41 @@ contains
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw
 
-    ! Q.pack_Wq: from the DNF
-    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! Q.pack_Wq: reads Wq; scratch Wq_panel
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, Wq_panel_row, Wq_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          Wq_row = 8*c_tile + dh*(h + heads*m)
           !$omp simd
           do lane = 0, 7
-            Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wq(8*c_tile + dh*(h + heads*m) &
-                & + lane)
+            Wq_panel(Wq_panel_row + lane) = Wq(Wq_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! Q: from the DNF
-    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! Q: writes Q; reads X; scratch Wq_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, X_row0, X_row1, X_row2, &
+    !$omp& X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            X_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            X_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            X_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            X_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            X_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            X_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_double
             acc_0_1 = 0.0_c_double
             acc_0_2 = 0.0_c_double
@@ -108,102 +123,54 @@ contains
             acc_5_7 = 0.0_c_double
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
             Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -258,51 +225,60 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! Q.edge: from the DNF
-    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, xw)
+    ! Q.edge: writes Q; reads X, Wq
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, Q_row, xw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          Q_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_double
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + X(dm*(b*n + i) + m) * Wq(c + dh*(h + heads*m))
             end do
-            Q(c + dh*(i + n*(b*heads + h))) = xw
+            Q(Q_row + c) = xw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! K.pack_Wk: from the DNF
-    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! K.pack_Wk: reads Wk; scratch Wk_panel
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, Wk_panel_row, Wk_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          Wk_row = 8*c_tile + dh*(h + heads*m)
           !$omp simd
           do lane = 0, 7
-            Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wk(8*c_tile + dh*(h + heads*m) &
-                & + lane)
+            Wk_panel(Wk_panel_row + lane) = Wk(Wk_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! K: from the DNF
-    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! K: writes K; reads X; scratch Wk_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, X_row0, X_row1, X_row2, &
+    !$omp& X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            X_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            X_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            X_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            X_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            X_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            X_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_double
             acc_0_1 = 0.0_c_double
             acc_0_2 = 0.0_c_double
@@ -353,102 +329,54 @@ contains
             acc_5_7 = 0.0_c_double
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
             K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -503,51 +431,60 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! K.edge: from the DNF
-    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, xw)
+    ! K.edge: writes K; reads X, Wk
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, K_row, xw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          K_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_double
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + X(dm*(b*n + i) + m) * Wk(c + dh*(h + heads*m))
             end do
-            K(c + dh*(i + n*(b*heads + h))) = xw
+            K(K_row + c) = xw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! V.pack_Wv: from the DNF
-    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! V.pack_Wv: reads Wv; scratch Wv_panel
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, Wv_panel_row, Wv_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          Wv_row = 8*c_tile + dh*(h + heads*m)
           !$omp simd
           do lane = 0, 7
-            Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wv(8*c_tile + dh*(h + heads*m) &
-                & + lane)
+            Wv_panel(Wv_panel_row + lane) = Wv(Wv_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! V: from the DNF
-    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! V: writes V; reads X; scratch Wv_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, X_row0, X_row1, X_row2, &
+    !$omp& X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            X_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            X_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            X_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            X_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            X_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            X_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_double
             acc_0_1 = 0.0_c_double
             acc_0_2 = 0.0_c_double
@@ -598,102 +535,54 @@ contains
             acc_5_7 = 0.0_c_double
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
             V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -748,19 +637,20 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! V.edge: from the DNF
-    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, xw)
+    ! V.edge: writes V; reads X, Wv
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, V_row, xw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          V_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_double
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + X(dm*(b*n + i) + m) * Wv(c + dh*(h + heads*m))
             end do
-            V(c + dh*(i + n*(b*heads + h))) = xw
+            V(V_row + c) = xw
           end do
         end do
       end do
@@ -782,7 +672,9 @@ contains
     real(c_float), intent(out) :: Wq_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: Wk_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: Wv_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
-    integer(c_int64_t) :: h, c_tile, m, lane, b, i_tile, i, c
+    integer(c_int64_t) :: h, c_tile, m, lane, b, i_tile, i, c, Wq_panel_row, Wq_row, X_row0, &
+        & X_row1, X_row2, X_row3, X_row4, X_row5, Q_row, Wk_panel_row, Wk_row, K_row, &
+        & Wv_panel_row, Wv_row, V_row
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -790,33 +682,41 @@ contains
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw
 
-    ! Q.pack_Wq: from the DNF
-    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! Q.pack_Wq: reads Wq; scratch Wq_panel
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, Wq_panel_row, Wq_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          Wq_row = 8*c_tile + dh*(h + heads*m)
           !$omp simd
           do lane = 0, 7
-            Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wq(8*c_tile + dh*(h + heads*m) &
-                & + lane)
+            Wq_panel(Wq_panel_row + lane) = Wq(Wq_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! Q: from the DNF
-    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! Q: writes Q; reads X; scratch Wq_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, X_row0, X_row1, X_row2, &
+    !$omp& X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            X_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            X_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            X_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            X_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            X_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            X_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_float
             acc_0_1 = 0.0_c_float
             acc_0_2 = 0.0_c_float
@@ -867,102 +767,54 @@ contains
             acc_5_7 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wq_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + X(X_row0 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + X(X_row1 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + X(X_row2 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + X(X_row3 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + X(X_row4 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + X(X_row5 + m) * Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
             Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -1017,51 +869,60 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! Q.edge: from the DNF
-    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, xw)
+    ! Q.edge: writes Q; reads X, Wq
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, Q_row, xw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          Q_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_float
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + X(dm*(b*n + i) + m) * Wq(c + dh*(h + heads*m))
             end do
-            Q(c + dh*(i + n*(b*heads + h))) = xw
+            Q(Q_row + c) = xw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! K.pack_Wk: from the DNF
-    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! K.pack_Wk: reads Wk; scratch Wk_panel
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, Wk_panel_row, Wk_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          Wk_row = 8*c_tile + dh*(h + heads*m)
           !$omp simd
           do lane = 0, 7
-            Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wk(8*c_tile + dh*(h + heads*m) &
-                & + lane)
+            Wk_panel(Wk_panel_row + lane) = Wk(Wk_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! K: from the DNF
-    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! K: writes K; reads X; scratch Wk_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, X_row0, X_row1, X_row2, &
+    !$omp& X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            X_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            X_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            X_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            X_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            X_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            X_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_float
             acc_0_1 = 0.0_c_float
             acc_0_2 = 0.0_c_float
@@ -1112,102 +973,54 @@ contains
             acc_5_7 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wk_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + X(X_row0 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + X(X_row1 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + X(X_row2 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + X(X_row3 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + X(X_row4 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + X(X_row5 + m) * Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
             K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -1262,51 +1075,60 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! K.edge: from the DNF
-    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, xw)
+    ! K.edge: writes K; reads X, Wk
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, K_row, xw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          K_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_float
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + X(dm*(b*n + i) + m) * Wk(c + dh*(h + heads*m))
             end do
-            K(c + dh*(i + n*(b*heads + h))) = xw
+            K(K_row + c) = xw
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! V.pack_Wv: from the DNF
-    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    ! V.pack_Wv: reads Wv; scratch Wv_panel
+    ! for h (parallel) / c_tile / m / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane, Wv_panel_row, Wv_row)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m
+          Wv_row = 8*c_tile + dh*(h + heads*m)
           !$omp simd
           do lane = 0, 7
-            Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wv(8*c_tile + dh*(h + heads*m) &
-                & + lane)
+            Wv_panel(Wv_panel_row + lane) = Wv(Wv_row + lane)
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! V: from the DNF
-    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! V: writes V; reads X; scratch Wv_panel
+    ! for b, h, c_tile (parallel) / i_tile / m (register tile)
+    !$omp parallel do collapse(3) schedule(static) private(i_tile, m, X_row0, X_row1, X_row2, &
+    !$omp& X_row3, X_row4, X_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+    !$omp& acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+    !$omp& acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
           do i_tile = 0, ((n + 5) / 6) - 1
+            X_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            X_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            X_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            X_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            X_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            X_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
             acc_0_0 = 0.0_c_float
             acc_0_1 = 0.0_c_float
             acc_0_2 = 0.0_c_float
@@ -1357,102 +1179,54 @@ contains
             acc_5_7 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m)
-              acc_0_1 = acc_0_1 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 1)
-              acc_0_2 = acc_0_2 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 2)
-              acc_0_3 = acc_0_3 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 3)
-              acc_0_4 = acc_0_4 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 4)
-              acc_0_5 = acc_0_5 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 5)
-              acc_0_6 = acc_0_6 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 6)
-              acc_0_7 = acc_0_7 + X(dm*(b*n + min(6*i_tile, n - 1)) + m) * Wv_panel(8*dm*(c_tile &
-                  & + h*((dh) / 8)) + 8*m + 7)
-              acc_1_0 = acc_1_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_1_1 = acc_1_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_1_2 = acc_1_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_1_3 = acc_1_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_1_4 = acc_1_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_1_5 = acc_1_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_1_6 = acc_1_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_1_7 = acc_1_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_2_0 = acc_2_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_2_1 = acc_2_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_2_2 = acc_2_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_2_3 = acc_2_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_2_4 = acc_2_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_2_5 = acc_2_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_2_6 = acc_2_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_2_7 = acc_2_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_3_0 = acc_3_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_3_1 = acc_3_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_3_2 = acc_3_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_3_3 = acc_3_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_3_4 = acc_3_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_3_5 = acc_3_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_3_6 = acc_3_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_3_7 = acc_3_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_4_0 = acc_4_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_4_1 = acc_4_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_4_2 = acc_4_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_4_3 = acc_4_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_4_4 = acc_4_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_4_5 = acc_4_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_4_6 = acc_4_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_4_7 = acc_4_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
-              acc_5_0 = acc_5_0 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
-              acc_5_1 = acc_5_1 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
-              acc_5_2 = acc_5_2 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
-              acc_5_3 = acc_5_3 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
-              acc_5_4 = acc_5_4 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
-              acc_5_5 = acc_5_5 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
-              acc_5_6 = acc_5_6 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
-              acc_5_7 = acc_5_7 + X(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
-                  & Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_0_0 = acc_0_0 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + X(X_row0 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + X(X_row1 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + X(X_row2 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + X(X_row3 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + X(X_row4 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + X(X_row5 + m) * Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
             V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
             V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -1507,19 +1281,20 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! V.edge: from the DNF
-    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-    !$omp parallel do collapse(3) schedule(static) private(c, m, xw)
+    ! V.edge: writes V; reads X, Wv
+    ! for b, h, i (parallel) / c / m (simd)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, V_row, xw)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          V_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_float
             !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + X(dm*(b*n + i) + m) * Wv(c + dh*(h + heads*m))
             end do
-            V(c + dh*(i + n*(b*heads + h))) = xw
+            V(V_row + c) = xw
           end do
         end do
       end do

@@ -4,6 +4,10 @@
  * Schedule: parallel(b, i); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c residual_add --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+ */
+
 #include <math.h>
 #include <stdint.h>
 
@@ -16,8 +20,8 @@ void residual_add_dnf_f64(
     int64_t dm
 )
 {
-    /* y: from the DNF
-     * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    /* y: writes y; reads x, R
+     * for b, i (parallel) / m (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -39,8 +43,8 @@ void residual_add_dnf_f32(
     int64_t dm
 )
 {
-    /* y: from the DNF
-     * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    /* y: writes y; reads x, R
+     * for b, i (parallel) / m (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {

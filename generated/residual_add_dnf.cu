@@ -4,12 +4,16 @@
  * Schedule: gpu_threads(b, i, 128 a block); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda residual_add --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* y: from the DNF
- * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+/* y: writes y; reads x, R
+ * for b, i (parallel) / m (simd)
  */
 __global__ void residual_add_dnf_f64_y(
     const double *__restrict__ x,
@@ -40,9 +44,8 @@ extern "C" int residual_add_dnf_f64(
     int64_t dm
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         residual_add_dnf_f64_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, R, y, batch, n, dm);
         const cudaError_t err = cudaGetLastError();
@@ -51,8 +54,8 @@ extern "C" int residual_add_dnf_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* y: from the DNF
- * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+/* y: writes y; reads x, R
+ * for b, i (parallel) / m (simd)
  */
 __global__ void residual_add_dnf_f32_y(
     const float *__restrict__ x,
@@ -83,9 +86,8 @@ extern "C" int residual_add_dnf_f32(
     int64_t dm
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         residual_add_dnf_f32_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, R, y, batch, n, dm);
         const cudaError_t err = cudaGetLastError();

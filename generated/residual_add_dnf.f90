@@ -2,6 +2,9 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: parallel(b, i); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran residual_add --variant dnf
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -17,8 +20,8 @@ contains
     real(c_double), intent(out) :: y(0:batch * n * dm - 1)
     integer(c_int64_t) :: b, i, m
 
-    ! y: from the DNF
-    ! y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    ! y: writes y; reads x, R
+    ! for b, i (parallel) / m (simd)
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -39,8 +42,8 @@ contains
     real(c_float), intent(out) :: y(0:batch * n * dm - 1)
     integer(c_int64_t) :: b, i, m
 
-    ! y: from the DNF
-    ! y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+    ! y: writes y; reads x, R
+    ! for b, i (parallel) / m (simd)
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1

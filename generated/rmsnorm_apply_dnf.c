@@ -4,6 +4,10 @@
  * Schedule: parallel(b, i); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c rmsnorm_apply --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+ */
+
 #include <math.h>
 #include <stdint.h>
 
@@ -17,8 +21,8 @@ void rmsnorm_apply_dnf_f64(
     int64_t d
 )
 {
-    /* z: from the DNF
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* z: writes z; reads weight, x, inv_rms
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -41,8 +45,8 @@ void rmsnorm_apply_dnf_f32(
     int64_t d
 )
 {
-    /* z: from the DNF
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* z: writes z; reads weight, x, inv_rms
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {

@@ -4,12 +4,16 @@
  * Schedule: gpu_threads(b, i, 128 a block); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda rmsnorm_apply --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* z: from the DNF
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* z: writes z; reads weight, x, inv_rms
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_apply_dnf_f64_z(
     const double *__restrict__ x,
@@ -42,9 +46,8 @@ extern "C" int rmsnorm_apply_dnf_f64(
     int64_t d
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         rmsnorm_apply_dnf_f64_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, inv_rms, z, batch, n, d);
         const cudaError_t err = cudaGetLastError();
@@ -53,8 +56,8 @@ extern "C" int rmsnorm_apply_dnf_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* z: from the DNF
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* z: writes z; reads weight, x, inv_rms
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_apply_dnf_f32_z(
     const float *__restrict__ x,
@@ -87,9 +90,8 @@ extern "C" int rmsnorm_apply_dnf_f32(
     int64_t d
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         rmsnorm_apply_dnf_f32_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, inv_rms, z, batch, n, d);
         const cudaError_t err = cudaGetLastError();

@@ -2,6 +2,9 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: parallel(b, i); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran rmsnorm_apply --variant dnf
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -18,8 +21,8 @@ contains
     real(c_double), intent(out) :: z(0:batch * n * d - 1)
     integer(c_int64_t) :: b, i, c
 
-    ! z: from the DNF
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! z: writes z; reads weight, x, inv_rms
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -41,8 +44,8 @@ contains
     real(c_float), intent(out) :: z(0:batch * n * d - 1)
     integer(c_int64_t) :: b, i, c
 
-    ! z: from the DNF
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! z: writes z; reads weight, x, inv_rms
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1

@@ -4,6 +4,21 @@
  * Schedule: partial_sums(dweight, i, 16, rows=dx); hoist(); parallel(i_part, nest=dweight.partial); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c rmsnorm_bwd --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * dx[b, i, c] = (<b i> psi inv_rms)
+ *               * ((<b i c> psi dz) * (<c> psi weight)
+ *               - (<b i c> psi x) * (<b i> psi inv_rms)
+ *               * sum[c2 < d](
+ *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
+ *               )
+ *               / d)
+ * dweight[c] = sum[b2 < batch](
+ *                  sum[i2 < n](
+ *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+ *                  )
+ *              )
+ */
+
 #include <math.h>
 #include <stdint.h>
 
@@ -20,19 +35,8 @@ void rmsnorm_bwd_dnf_f64(
     int64_t d
 )
 {
-    /* dweight.partial: from the DNF
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight.partial: writes dx; reads dz, weight, x, inv_rms; scratch dweight_part
+     * for i_part (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t i_part = 0; i_part < 16; ++i_part) {
@@ -57,12 +61,8 @@ void rmsnorm_bwd_dnf_f64(
             }
         }
     }
-    /* dweight: from the DNF
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight: writes dweight; scratch dweight_part
+     * for c / i_part (simd)
      */
     for (int64_t c = 0; c < d; ++c) {
         double dweight_sum = 0.0;
@@ -87,19 +87,8 @@ void rmsnorm_bwd_dnf_f32(
     int64_t d
 )
 {
-    /* dweight.partial: from the DNF
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight.partial: writes dx; reads dz, weight, x, inv_rms; scratch dweight_part
+     * for i_part (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t i_part = 0; i_part < 16; ++i_part) {
@@ -124,12 +113,8 @@ void rmsnorm_bwd_dnf_f32(
             }
         }
     }
-    /* dweight: from the DNF
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight: writes dweight; scratch dweight_part
+     * for c / i_part (simd)
      */
     for (int64_t c = 0; c < d; ++c) {
         float dweight_sum = 0.0f;

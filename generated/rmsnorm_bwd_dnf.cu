@@ -4,11 +4,7 @@
  * Schedule: partial_sums(dweight, i, 16, rows=dx); hoist(); gpu_threads(i_part, 128 a block, nest=dweight.partial); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda rmsnorm_bwd --variant dnf
  */
-#include <math.h>
-#include <stdint.h>
-#include <cuda_runtime.h>
-
-/* dweight.partial: from the DNF
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
  * dx[b, i, c] = (<b i> psi inv_rms)
  *               * ((<b i c> psi dz) * (<c> psi weight)
  *               - (<b i c> psi x) * (<b i> psi inv_rms)
@@ -21,6 +17,14 @@
  *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
  *                  )
  *              )
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+/* dweight.partial: writes dx; reads dz, weight, x, inv_rms; scratch dweight_part
+ * for i_part (parallel) / c (simd), b / i / c (simd)
  */
 __global__ void rmsnorm_bwd_dnf_f64_dweight_partial(
     const double *__restrict__ x,
@@ -57,12 +61,8 @@ __global__ void rmsnorm_bwd_dnf_f64_dweight_partial(
     }
 }
 
-/* dweight: from the DNF
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* dweight: writes dweight; scratch dweight_part
+ * for c / i_part (simd)
  */
 __global__ void rmsnorm_bwd_dnf_f64_dweight(
     const double *__restrict__ x,
@@ -103,16 +103,15 @@ extern "C" int rmsnorm_bwd_dnf_f64(
     int64_t d
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = 16;
+        const int64_t count = 16, threads = 128;
         rmsnorm_bwd_dnf_f64_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 1;
+        const int64_t count = 1, threads = 128;
         rmsnorm_bwd_dnf_f64_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
         const cudaError_t err = cudaGetLastError();
@@ -121,19 +120,8 @@ extern "C" int rmsnorm_bwd_dnf_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* dweight.partial: from the DNF
- * dx[b, i, c] = (<b i> psi inv_rms)
- *               * ((<b i c> psi dz) * (<c> psi weight)
- *               - (<b i c> psi x) * (<b i> psi inv_rms)
- *               * sum[c2 < d](
- *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
- *               )
- *               / d)
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* dweight.partial: writes dx; reads dz, weight, x, inv_rms; scratch dweight_part
+ * for i_part (parallel) / c (simd), b / i / c (simd)
  */
 __global__ void rmsnorm_bwd_dnf_f32_dweight_partial(
     const float *__restrict__ x,
@@ -170,12 +158,8 @@ __global__ void rmsnorm_bwd_dnf_f32_dweight_partial(
     }
 }
 
-/* dweight: from the DNF
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* dweight: writes dweight; scratch dweight_part
+ * for c / i_part (simd)
  */
 __global__ void rmsnorm_bwd_dnf_f32_dweight(
     const float *__restrict__ x,
@@ -216,16 +200,15 @@ extern "C" int rmsnorm_bwd_dnf_f32(
     int64_t d
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = 16;
+        const int64_t count = 16, threads = 128;
         rmsnorm_bwd_dnf_f32_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 1;
+        const int64_t count = 1, threads = 128;
         rmsnorm_bwd_dnf_f32_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
         const cudaError_t err = cudaGetLastError();

@@ -2,6 +2,20 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: partial_sums(dweight, i, 16, rows=dx); hoist(); parallel(i_part, nest=dweight.partial); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran rmsnorm_bwd --variant dnf
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! dx[b, i, c] = (<b i> psi inv_rms)
+!               * ((<b i c> psi dz) * (<c> psi weight)
+!               - (<b i c> psi x) * (<b i> psi inv_rms)
+!               * sum[c2 < d](
+!                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
+!               )
+!               / d)
+! dweight[c] = sum[b2 < batch](
+!                  sum[i2 < n](
+!                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+!                  )
+!              )
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -22,19 +36,8 @@ contains
     integer(c_int64_t) :: i_part, c, b, i
     real(c_double) :: dot, t2, t, dweight_sum
 
-    ! dweight.partial: from the DNF
-    ! dx[b, i, c] = (<b i> psi inv_rms)
-    !               * ((<b i c> psi dz) * (<c> psi weight)
-    !               - (<b i c> psi x) * (<b i> psi inv_rms)
-    !               * sum[c2 < d](
-    !                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-    !               )
-    !               / d)
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! dweight.partial: writes dx; reads dz, weight, x, inv_rms; scratch dweight_part
+    ! for i_part (parallel) / c (simd), b / i / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
     do i_part = 0, 15
       !$omp simd
@@ -59,12 +62,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dweight: from the DNF
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! dweight: writes dweight; scratch dweight_part
+    ! for c / i_part (simd)
     do c = 0, d - 1
       dweight_sum = 0.0_c_double
       !$omp simd reduction(+:dweight_sum)
@@ -88,19 +87,8 @@ contains
     integer(c_int64_t) :: i_part, c, b, i
     real(c_float) :: dot, t2, t, dweight_sum
 
-    ! dweight.partial: from the DNF
-    ! dx[b, i, c] = (<b i> psi inv_rms)
-    !               * ((<b i c> psi dz) * (<c> psi weight)
-    !               - (<b i c> psi x) * (<b i> psi inv_rms)
-    !               * sum[c2 < d](
-    !                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-    !               )
-    !               / d)
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! dweight.partial: writes dx; reads dz, weight, x, inv_rms; scratch dweight_part
+    ! for i_part (parallel) / c (simd), b / i / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
     do i_part = 0, 15
       !$omp simd
@@ -125,12 +113,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dweight: from the DNF
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! dweight: writes dweight; scratch dweight_part
+    ! for c / i_part (simd)
     do c = 0, d - 1
       dweight_sum = 0.0_c_float
       !$omp simd reduction(+:dweight_sum)

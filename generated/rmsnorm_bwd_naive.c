@@ -4,6 +4,21 @@
  * Schedule: partial_sums(dweight, i, 16); hoist(); parallel(b, i, nest=dx); parallel(i_part, nest=dweight.partial); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c rmsnorm_bwd --variant naive
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * dx[b, i, c] = (<b i> psi inv_rms)
+ *               * ((<b i c> psi dz) * (<c> psi weight)
+ *               - (<b i c> psi x) * (<b i> psi inv_rms)
+ *               * sum[c2 < d](
+ *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
+ *               )
+ *               / d)
+ * dweight[c] = sum[b2 < batch](
+ *                  sum[i2 < n](
+ *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+ *                  )
+ *              )
+ */
+
 #include <math.h>
 #include <stdint.h>
 
@@ -20,14 +35,8 @@ void rmsnorm_bwd_naive_f64(
     int64_t d
 )
 {
-    /* dx: from the DNF
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
+    /* dx: writes dx; reads dz, weight, x, inv_rms
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -44,12 +53,8 @@ void rmsnorm_bwd_naive_f64(
             }
         }
     }
-    /* dweight.partial: from the DNF
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+     * for i_part (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t i_part = 0; i_part < 16; ++i_part) {
@@ -66,12 +71,8 @@ void rmsnorm_bwd_naive_f64(
             }
         }
     }
-    /* dweight: from the DNF
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight: writes dweight; scratch dweight_part
+     * for c / i_part (simd)
      */
     for (int64_t c = 0; c < d; ++c) {
         double dweight_sum = 0.0;
@@ -96,14 +97,8 @@ void rmsnorm_bwd_naive_f32(
     int64_t d
 )
 {
-    /* dx: from the DNF
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
+    /* dx: writes dx; reads dz, weight, x, inv_rms
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -120,12 +115,8 @@ void rmsnorm_bwd_naive_f32(
             }
         }
     }
-    /* dweight.partial: from the DNF
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+     * for i_part (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t i_part = 0; i_part < 16; ++i_part) {
@@ -142,12 +133,8 @@ void rmsnorm_bwd_naive_f32(
             }
         }
     }
-    /* dweight: from the DNF
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight: writes dweight; scratch dweight_part
+     * for c / i_part (simd)
      */
     for (int64_t c = 0; c < d; ++c) {
         float dweight_sum = 0.0f;

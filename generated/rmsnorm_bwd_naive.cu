@@ -4,11 +4,7 @@
  * Schedule: partial_sums(dweight, i, 16); hoist(); gpu_threads(b, i, 128 a block, nest=dx); gpu_threads(i_part, 128 a block, nest=dweight.partial); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda rmsnorm_bwd --variant naive
  */
-#include <math.h>
-#include <stdint.h>
-#include <cuda_runtime.h>
-
-/* dx: from the DNF
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
  * dx[b, i, c] = (<b i> psi inv_rms)
  *               * ((<b i c> psi dz) * (<c> psi weight)
  *               - (<b i c> psi x) * (<b i> psi inv_rms)
@@ -16,6 +12,19 @@
  *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
  *               )
  *               / d)
+ * dweight[c] = sum[b2 < batch](
+ *                  sum[i2 < n](
+ *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+ *                  )
+ *              )
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+/* dx: writes dx; reads dz, weight, x, inv_rms
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_bwd_naive_f64_dx(
     const double *__restrict__ x,
@@ -44,12 +53,8 @@ __global__ void rmsnorm_bwd_naive_f64_dx(
     }
 }
 
-/* dweight.partial: from the DNF
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+ * for i_part (parallel) / c (simd), b / i / c (simd)
  */
 __global__ void rmsnorm_bwd_naive_f64_dweight_partial(
     const double *__restrict__ x,
@@ -79,12 +84,8 @@ __global__ void rmsnorm_bwd_naive_f64_dweight_partial(
     }
 }
 
-/* dweight: from the DNF
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* dweight: writes dweight; scratch dweight_part
+ * for c / i_part (simd)
  */
 __global__ void rmsnorm_bwd_naive_f64_dweight(
     const double *__restrict__ x,
@@ -125,23 +126,22 @@ extern "C" int rmsnorm_bwd_naive_f64(
     int64_t d
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         rmsnorm_bwd_naive_f64_dx<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 16;
+        const int64_t count = 16, threads = 128;
         rmsnorm_bwd_naive_f64_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 1;
+        const int64_t count = 1, threads = 128;
         rmsnorm_bwd_naive_f64_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
         const cudaError_t err = cudaGetLastError();
@@ -150,14 +150,8 @@ extern "C" int rmsnorm_bwd_naive_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* dx: from the DNF
- * dx[b, i, c] = (<b i> psi inv_rms)
- *               * ((<b i c> psi dz) * (<c> psi weight)
- *               - (<b i c> psi x) * (<b i> psi inv_rms)
- *               * sum[c2 < d](
- *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
- *               )
- *               / d)
+/* dx: writes dx; reads dz, weight, x, inv_rms
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_bwd_naive_f32_dx(
     const float *__restrict__ x,
@@ -186,12 +180,8 @@ __global__ void rmsnorm_bwd_naive_f32_dx(
     }
 }
 
-/* dweight.partial: from the DNF
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+ * for i_part (parallel) / c (simd), b / i / c (simd)
  */
 __global__ void rmsnorm_bwd_naive_f32_dweight_partial(
     const float *__restrict__ x,
@@ -221,12 +211,8 @@ __global__ void rmsnorm_bwd_naive_f32_dweight_partial(
     }
 }
 
-/* dweight: from the DNF
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* dweight: writes dweight; scratch dweight_part
+ * for c / i_part (simd)
  */
 __global__ void rmsnorm_bwd_naive_f32_dweight(
     const float *__restrict__ x,
@@ -267,23 +253,22 @@ extern "C" int rmsnorm_bwd_naive_f32(
     int64_t d
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         rmsnorm_bwd_naive_f32_dx<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 16;
+        const int64_t count = 16, threads = 128;
         rmsnorm_bwd_naive_f32_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = 1;
+        const int64_t count = 1, threads = 128;
         rmsnorm_bwd_naive_f32_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
         const cudaError_t err = cudaGetLastError();

@@ -2,6 +2,20 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: partial_sums(dweight, i, 16); hoist(); parallel(b, i, nest=dx); parallel(i_part, nest=dweight.partial); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran rmsnorm_bwd --variant naive
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! dx[b, i, c] = (<b i> psi inv_rms)
+!               * ((<b i c> psi dz) * (<c> psi weight)
+!               - (<b i c> psi x) * (<b i> psi inv_rms)
+!               * sum[c2 < d](
+!                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
+!               )
+!               / d)
+! dweight[c] = sum[b2 < batch](
+!                  sum[i2 < n](
+!                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+!                  )
+!              )
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -22,14 +36,8 @@ contains
     integer(c_int64_t) :: b, i, c, i_part
     real(c_double) :: dot, t, dweight_sum
 
-    ! dx: from the DNF
-    ! dx[b, i, c] = (<b i> psi inv_rms)
-    !               * ((<b i c> psi dz) * (<c> psi weight)
-    !               - (<b i c> psi x) * (<b i> psi inv_rms)
-    !               * sum[c2 < d](
-    !                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-    !               )
-    !               / d)
+    ! dx: writes dx; reads dz, weight, x, inv_rms
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, dot, t)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -47,12 +55,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dweight.partial: from the DNF
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+    ! for i_part (parallel) / c (simd), b / i / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i)
     do i_part = 0, 15
       !$omp simd
@@ -70,12 +74,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dweight: from the DNF
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! dweight: writes dweight; scratch dweight_part
+    ! for c / i_part (simd)
     do c = 0, d - 1
       dweight_sum = 0.0_c_double
       !$omp simd reduction(+:dweight_sum)
@@ -99,14 +99,8 @@ contains
     integer(c_int64_t) :: b, i, c, i_part
     real(c_float) :: dot, t, dweight_sum
 
-    ! dx: from the DNF
-    ! dx[b, i, c] = (<b i> psi inv_rms)
-    !               * ((<b i c> psi dz) * (<c> psi weight)
-    !               - (<b i c> psi x) * (<b i> psi inv_rms)
-    !               * sum[c2 < d](
-    !                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-    !               )
-    !               / d)
+    ! dx: writes dx; reads dz, weight, x, inv_rms
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, dot, t)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -124,12 +118,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dweight.partial: from the DNF
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+    ! for i_part (parallel) / c (simd), b / i / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i)
     do i_part = 0, 15
       !$omp simd
@@ -147,12 +137,8 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dweight: from the DNF
-    ! dweight[c] = sum[b2 < batch](
-    !                  sum[i2 < n](
-    !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-    !                  )
-    !              )
+    ! dweight: writes dweight; scratch dweight_part
+    ! for c / i_part (simd)
     do c = 0, d - 1
       dweight_sum = 0.0_c_float
       !$omp simd reduction(+:dweight_sum)

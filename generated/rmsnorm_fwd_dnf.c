@@ -4,6 +4,11 @@
  * Schedule: fuse(inv_rms, z, over=(b, i)); hoist(); lower_reductions(); parallel(b, i, nest=rows); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c rmsnorm_fwd --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+ * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+ */
+
 #include <math.h>
 #include <stdint.h>
 
@@ -18,9 +23,8 @@ void rmsnorm_fwd_dnf_f64(
     double eps
 )
 {
-    /* rows: from the DNF
-     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* rows: writes inv_rms, z; reads x, weight
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -50,9 +54,8 @@ void rmsnorm_fwd_dnf_f32(
     float eps
 )
 {
-    /* rows: from the DNF
-     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* rows: writes inv_rms, z; reads x, weight
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {

@@ -4,13 +4,17 @@
  * Schedule: fuse(inv_rms, z, over=(b, i)); hoist(); lower_reductions(); gpu_threads(b, i, 128 a block, nest=rows); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda rmsnorm_fwd --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+ * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* rows: from the DNF
- * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* rows: writes inv_rms, z; reads x, weight
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_fwd_dnf_f64_rows(
     const double *__restrict__ x,
@@ -50,9 +54,8 @@ extern "C" int rmsnorm_fwd_dnf_f64(
     double eps
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         rmsnorm_fwd_dnf_f64_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, z, inv_rms, batch, n, d, eps);
         const cudaError_t err = cudaGetLastError();
@@ -61,9 +64,8 @@ extern "C" int rmsnorm_fwd_dnf_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* rows: from the DNF
- * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* rows: writes inv_rms, z; reads x, weight
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_fwd_dnf_f32_rows(
     const float *__restrict__ x,
@@ -103,9 +105,8 @@ extern "C" int rmsnorm_fwd_dnf_f32(
     float eps
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         rmsnorm_fwd_dnf_f32_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, z, inv_rms, batch, n, d, eps);
         const cudaError_t err = cudaGetLastError();

@@ -2,6 +2,10 @@
 ! Target cpu; schedule parameters rows=1.
 ! Schedule: fuse(inv_rms, z, over=(b, i)); hoist(); lower_reductions(); parallel(b, i, nest=rows); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran rmsnorm_fwd --variant dnf
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -20,9 +24,8 @@ contains
     integer(c_int64_t) :: b, i, c
     real(c_double) :: sum_sq
 
-    ! rows: from the DNF
-    ! inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! rows: writes inv_rms, z; reads x, weight
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -52,9 +55,8 @@ contains
     integer(c_int64_t) :: b, i, c
     real(c_float) :: sum_sq
 
-    ! rows: from the DNF
-    ! inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! rows: writes inv_rms, z; reads x, weight
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
     do b = 0, batch - 1
       do i = 0, n - 1

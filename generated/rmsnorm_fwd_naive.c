@@ -4,6 +4,11 @@
  * Schedule: hoist(); parallel(b, i, nest=z); parallel(b, i, nest=inv_rms); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang c rmsnorm_fwd --variant naive
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+ * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+ */
+
 #include <math.h>
 #include <stdint.h>
 
@@ -18,22 +23,23 @@ void rmsnorm_fwd_naive_f64(
     double eps
 )
 {
-    /* inv_rms: from the DNF
-     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+    /* inv_rms: writes inv_rms; reads x
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t x_row = d*(b*n + i);
             double sum_sq = 0.0;
             #pragma omp simd reduction(+:sum_sq)
             for (int64_t c = 0; c < d; ++c) {
-                sum_sq += x[c + d*(b*n + i)] * x[c + d*(b*n + i)];
+                sum_sq += x[x_row + c] * x[x_row + c];
             }
             inv_rms[b*n + i] = 1.0 / sqrt(sum_sq / (double)d + eps);
         }
     }
-    /* z: from the DNF
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* z: writes z; reads weight, x, inv_rms
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -57,22 +63,23 @@ void rmsnorm_fwd_naive_f32(
     float eps
 )
 {
-    /* inv_rms: from the DNF
-     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+    /* inv_rms: writes inv_rms; reads x
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t x_row = d*(b*n + i);
             float sum_sq = 0.0f;
             #pragma omp simd reduction(+:sum_sq)
             for (int64_t c = 0; c < d; ++c) {
-                sum_sq += x[c + d*(b*n + i)] * x[c + d*(b*n + i)];
+                sum_sq += x[x_row + c] * x[x_row + c];
             }
             inv_rms[b*n + i] = 1.0f / sqrtf(sum_sq / (float)d + eps);
         }
     }
-    /* z: from the DNF
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    /* z: writes z; reads weight, x, inv_rms
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {

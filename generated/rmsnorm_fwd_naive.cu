@@ -4,12 +4,17 @@
  * Schedule: hoist(); gpu_threads(b, i, 128 a block, nest=z); gpu_threads(b, i, 128 a block, nest=inv_rms); lower_reductions().
  * Do not edit; regenerate with: moagen emit --lang cuda rmsnorm_fwd --variant naive
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+ * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* inv_rms: from the DNF
- * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+/* inv_rms: writes inv_rms; reads x
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_fwd_naive_f64_inv_rms(
     const double *__restrict__ x,
@@ -26,15 +31,16 @@ __global__ void rmsnorm_fwd_naive_f64_inv_rms(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t x_row = d*(b*n + i);
     double sum_sq = 0.0;
     for (int64_t c = 0; c < d; ++c) {
-        sum_sq += x[c + d*(b*n + i)] * x[c + d*(b*n + i)];
+        sum_sq += x[x_row + c] * x[x_row + c];
     }
     inv_rms[b*n + i] = rsqrt(sum_sq / (double)d + eps);
 }
 
-/* z: from the DNF
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* z: writes z; reads weight, x, inv_rms
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_fwd_naive_f64_z(
     const double *__restrict__ x,
@@ -69,16 +75,15 @@ extern "C" int rmsnorm_fwd_naive_f64(
     double eps
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         rmsnorm_fwd_naive_f64_inv_rms<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, z, inv_rms, batch, n, d, eps);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         rmsnorm_fwd_naive_f64_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, z, inv_rms, batch, n, d, eps);
         const cudaError_t err = cudaGetLastError();
@@ -87,8 +92,8 @@ extern "C" int rmsnorm_fwd_naive_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* inv_rms: from the DNF
- * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+/* inv_rms: writes inv_rms; reads x
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_fwd_naive_f32_inv_rms(
     const float *__restrict__ x,
@@ -105,15 +110,16 @@ __global__ void rmsnorm_fwd_naive_f32_inv_rms(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t x_row = d*(b*n + i);
     float sum_sq = 0.0f;
     for (int64_t c = 0; c < d; ++c) {
-        sum_sq += x[c + d*(b*n + i)] * x[c + d*(b*n + i)];
+        sum_sq += x[x_row + c] * x[x_row + c];
     }
     inv_rms[b*n + i] = rsqrtf(sum_sq / (float)d + eps);
 }
 
-/* z: from the DNF
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* z: writes z; reads weight, x, inv_rms
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_fwd_naive_f32_z(
     const float *__restrict__ x,
@@ -148,16 +154,15 @@ extern "C" int rmsnorm_fwd_naive_f32(
     float eps
 )
 {
-    const int64_t threads = 128;
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         rmsnorm_fwd_naive_f32_inv_rms<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, z, inv_rms, batch, n, d, eps);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
+        const int64_t count = batch*n, threads = 128;
         rmsnorm_fwd_naive_f32_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, weight, z, inv_rms, batch, n, d, eps);
         const cudaError_t err = cudaGetLastError();

@@ -2,6 +2,10 @@
 ! Target cpu; schedule parameters (none).
 ! Schedule: hoist(); parallel(b, i, nest=z); parallel(b, i, nest=inv_rms); lower_reductions().
 ! Do not edit; regenerate with: moagen emit --lang fortran rmsnorm_fwd --variant naive
+!
+! What the kernel computes, as its DNF (psi-reduced, before scheduling):
+! inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
   implicit none
@@ -17,25 +21,26 @@ contains
     real(c_double), intent(in) :: weight(0:d - 1)
     real(c_double), intent(out) :: z(0:batch * n * d - 1)
     real(c_double), intent(out) :: inv_rms(0:batch * n - 1)
-    integer(c_int64_t) :: b, i, c
+    integer(c_int64_t) :: b, i, c, x_row
     real(c_double) :: sum_sq
 
-    ! inv_rms: from the DNF
-    ! inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
+    ! inv_rms: writes inv_rms; reads x
+    ! for b, i (parallel) / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(c, x_row, sum_sq)
     do b = 0, batch - 1
       do i = 0, n - 1
+        x_row = d*(b*n + i)
         sum_sq = 0.0_c_double
         !$omp simd reduction(+:sum_sq)
         do c = 0, d - 1
-          sum_sq = sum_sq + x(c + d*(b*n + i)) * x(c + d*(b*n + i))
+          sum_sq = sum_sq + x(x_row + c) * x(x_row + c)
         end do
         inv_rms(b*n + i) = 1.0_c_double / sqrt(sum_sq / real(d, c_double) + eps)
       end do
     end do
     !$omp end parallel do
-    ! z: from the DNF
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! z: writes z; reads weight, x, inv_rms
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
@@ -56,25 +61,26 @@ contains
     real(c_float), intent(in) :: weight(0:d - 1)
     real(c_float), intent(out) :: z(0:batch * n * d - 1)
     real(c_float), intent(out) :: inv_rms(0:batch * n - 1)
-    integer(c_int64_t) :: b, i, c
+    integer(c_int64_t) :: b, i, c, x_row
     real(c_float) :: sum_sq
 
-    ! inv_rms: from the DNF
-    ! inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
+    ! inv_rms: writes inv_rms; reads x
+    ! for b, i (parallel) / c (simd)
+    !$omp parallel do collapse(2) schedule(static) private(c, x_row, sum_sq)
     do b = 0, batch - 1
       do i = 0, n - 1
+        x_row = d*(b*n + i)
         sum_sq = 0.0_c_float
         !$omp simd reduction(+:sum_sq)
         do c = 0, d - 1
-          sum_sq = sum_sq + x(c + d*(b*n + i)) * x(c + d*(b*n + i))
+          sum_sq = sum_sq + x(x_row + c) * x(x_row + c)
         end do
         inv_rms(b*n + i) = 1.0_c_float / sqrt(sum_sq / real(d, c_float) + eps)
       end do
     end do
     !$omp end parallel do
-    ! z: from the DNF
-    ! z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+    ! z: writes z; reads weight, x, inv_rms
+    ! for b, i (parallel) / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1

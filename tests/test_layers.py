@@ -153,3 +153,15 @@ def test_realize_records_the_closing_reduction_lowering():
     onf = realize(get_kernel("attention_fwd").dnf("dnf"), "dnf",
                   get_kernel("attention_fwd").variant("dnf").steps())
     assert onf.schedule[-1] == "lower_reductions()" and onf.flat
+
+
+def test_the_cuda_launch_takes_the_threads_a_block_its_mapping_gives():
+    from moagen.codegen.cuda import emit_cuda
+    kernel = get_kernel("attention_fwd")
+    steps = kernel.variant("dnf").layers().algorithm + (GpuThreads(("b", "h", "i"), nest="rows",
+                                                                   block=64),)
+    onf = realize(kernel.dnf("dnf"), "dnf", steps)
+    source = emit_cuda([("float64", onf)], ["test"])
+    assert "count = batch*heads*n, threads = 64;" in source
+    assert "threads = 128" in emit_cuda([("float64", onf_of("attention_fwd", "dnf", target="cuda"))],
+                                        ["test"])

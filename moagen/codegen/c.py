@@ -3,7 +3,7 @@ import math
 
 from sympy.printing.c import C99CodePrinter
 
-from moagen.codegen.printer import Printer, omp_schedule, render
+from moagen.codegen.printer import Printer, dnf_comment, omp_schedule, render
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Loop, stmt_exprs, walk
@@ -32,6 +32,7 @@ class IndexPrinter(C99CodePrinter):
 class CPrinter(Printer):
     index_printer = IndexPrinter()
     restrict = "restrict"
+    simd_directives = True
 
     def __init__(self, onf, dtype):
         super().__init__(onf, dtype)
@@ -83,9 +84,9 @@ class CPrinter(Printer):
                 f"++{v}) {{")
         pragma = ([f"{pad}#pragma omp parallel for collapse({loop.parallel}) "
                    f"schedule({omp_schedule(loop)})"] if loop.parallel else [])
-        if loop.simd:
+        if loop.simd and self.simd_directives:
             pragma.append(f"{pad}#pragma omp simd{simd_clauses(loop)}")
-        return pragma + [pad + head] + self.block(loop.body, depth + 1) + [pad + "}"]
+        return pragma + [pad + head] + self.loop_body(loop, depth + 1) + [pad + "}"]
 
     def let(self, name, value, mutable):
         return f"{'' if mutable else 'const '}{self.real} {name} = {value};"
@@ -151,7 +152,9 @@ def emit_c(onfs_by_dtype, banner, printer=CPrinter):
     functions = [f for p in printers for f in p.functions()]
     vector_exp = [VECTOR_EXP[dtype] for dtype, onf in onfs_by_dtype if _calls_exp(onf)]
     helpers = sorted({h for p in printers for h in p.helpers_used})
-    return render("c/kernel.c.j2", banner=banner, functions=functions, vector_exp=vector_exp,
+    dnf = dnf_comment([onf for _, onf in onfs_by_dtype])
+    return render("c/kernel.c.j2", banner=banner, dnf=printers[0].comment(dnf),
+                  functions=functions, vector_exp=vector_exp,
                   max_helpers=[INLINE_MAX.format(real=real, fn=fn, op=">" if fn == "max" else "<")
                                for real, fn in helpers])
 

@@ -1,23 +1,22 @@
 """CUDA backend: each nest becomes a `__global__` kernel with one thread per iteration of
-its parallel loops (their indices recovered from the flat thread index); an `extern "C"`
-launcher with the common ABI, over device pointers, runs the nests in order."""
-from dataclasses import replace
-
+its parallel loops (their indices recovered from the flat thread index), as many threads a
+block as its mapping says (GpuThreads); an `extern "C"` launcher with the common ABI, over
+device pointers, runs the nests in order."""
 import sympy
 
 from moagen.codegen.c import CPrinter
-from moagen.codegen.printer import render
+from moagen.codegen.printer import dnf_comment, render
 from moagen.onf.loops import parallel_chain
 
+# threads a block where no mapping says (nests a step made parallel itself: a register
+# tile's panels)
 THREADS_PER_BLOCK = 128
 
 
 class CudaPrinter(CPrinter):
     restrict = "__restrict__"
 
-    def loop(self, loop, depth):
-        # a GPU thread's loop is sequential code: no OpenMP simd directive there
-        return super().loop(replace(loop, simd=False), depth)
+    simd_directives = False  # a GPU thread's loop is sequential code
 
     def kernels(self):
         out = []
@@ -26,10 +25,12 @@ class CudaPrinter(CPrinter):
             if len(nest.body) == 1 and nest.body[0].parallel:
                 chain = parallel_chain(nest.body[0])
             # a nest with no parallel loops runs on a single thread
-            body = self.block(chain[-1].body if chain else nest.body, 1)
+            body = self.loop_body(chain[-1], 1) if chain else self.block(nest.body, 1)
             count = self.index(sympy.Mul(*[lp.stop - lp.start for lp in chain]))
+            threads = chain[0].threads if chain and chain[0].threads else THREADS_PER_BLOCK
             out.append({"name": f"{self.sig.name}_{nest.label.replace('.', '_')}",
                         "comment": self.comment(self.nest_comment(nest)), "count": count,
+                        "threads": threads,
                         "prologue": self.thread_indices(chain, count), "body": body})
         return out
 
@@ -73,5 +74,6 @@ def emit_cuda(onfs_by_dtype, banner):
         args = [a.name for a in p.sig.arrays] + [s.name for s in p.sig.sizes] + list(p.sig.scalars)
         launchers.append({"name": p.sig.name, "params": p.params(), "args": args,
                           "kernels": p.kernels()})
-    return render("cuda/kernel.cu.j2", banner=banner, launchers=launchers,
-                  threads=THREADS_PER_BLOCK)
+    dnf = CudaPrinter(onfs_by_dtype[0][1], onfs_by_dtype[0][0]).comment(
+        dnf_comment([onf for _, onf in onfs_by_dtype]))
+    return render("cuda/kernel.cu.j2", banner=banner, dnf=dnf, launchers=launchers)

@@ -5,7 +5,7 @@ import math
 
 from sympy.printing.fortran import FCodePrinter
 
-from moagen.codegen.printer import Printer, omp_schedule, render
+from moagen.codegen.printer import Printer, dnf_comment, omp_schedule, render
 from moagen.errors import ScheduleError, SpecError
 from moagen.onf.loops import Loop, parallel_chain, walk
 from moagen.onf.simd import simd_clauses
@@ -50,7 +50,8 @@ class FortranPrinter(Printer):
             size = " * ".join(self.index(d) for d in a.shape)
             arrays.append(f"{self.real}, intent({intent}) :: {a.name}(0:{size} - 1)")
         stmts = [s for n in self.onf.nests for s in n.body]
-        loop_vars = self.loop_vars_in(stmts) + self.quotients_in(stmts)
+        loop_vars = (self.loop_vars_in(stmts) + self.quotients_in(stmts)
+                     + self.offsets_in(stmts))
         locals_ = self.locals_in(stmts)
         return {
             "name": sig.name,
@@ -78,14 +79,14 @@ class FortranPrinter(Printer):
         if loop.simd:
             mark.append(f"{pad}!$omp simd{simd_clauses(loop)}")
         if not loop.parallel:
-            return mark + [pad + head] + self.block(loop.body, depth + 1) + [pad + "end do"]
+            return mark + [pad + head] + self.loop_body(loop, depth + 1) + [pad + "end do"]
         inner = parallel_chain(loop)[-1]
         private = (self.loop_vars_in(inner.body) + self.quotients_in(inner.body)
-                   + self.locals_in(inner.body))
+                   + self.offsets_in((inner,)) + self.locals_in(inner.body))
         clause = f" private({', '.join(private)})" if private else ""
         return ([f"{pad}!$omp parallel do collapse({loop.parallel}) "
                  f"schedule({omp_schedule(loop)}){clause}",
-                 pad + head] + self.block(loop.body, depth + 1)
+                 pad + head] + self.loop_body(loop, depth + 1)
                 + [pad + "end do", f"{pad}!$omp end parallel do"])
 
     def let(self, name, value, mutable):
@@ -170,6 +171,7 @@ def _wrap(line):
 def emit_fortran(onfs_by_dtype, banner, module):
     subs = [FortranPrinter(onf, dtype).subroutine() for dtype, onf in onfs_by_dtype]
     kinds = sorted({s["kind"] for s in subs})
-    text = render("fortran/module.f90.j2", banner=banner, module=module, subroutines=subs,
+    dnf = dnf_comment([onf for _, onf in onfs_by_dtype])
+    text = render("fortran/module.f90.j2", banner=banner, dnf=dnf, module=module, subroutines=subs,
                   kinds=kinds, neg_inf=any(s["neg_inf"] for s in subs))
     return "".join(w + "\n" for line in text.splitlines() for w in _wrap(line))

@@ -14,10 +14,19 @@ class Names:
         self.locals = set(locals)
 
     def new(self, hint: str, visible=()) -> str:
-        """hint, or hint2, hint3, ...: the first not reserved and not in `visible`."""
+        """hint, or hint2, hint3, ...: the first not reserved and not in `visible`. A hint
+        that ends in a digit (a copy's index, `t_0`) takes a letter instead, t_0b, t_0c, ...:
+        `t_02` would read as an index of its own."""
+        if hint[-1:].isdigit():
+            counters = [f"{hint}{c}" for c in "bcdefghijklmnopqrstuvwxyz"]
+        else:
+            counters = []
         name, k = hint, 2
         while name in self.reserved or name in visible:
-            name, k = f"{hint}{k}", k + 1
+            if counters:
+                name = counters.pop(0)
+            else:
+                name, k = f"{hint}_{k}" if hint[-1:].isdigit() else f"{hint}{k}", k + 1
         return name
 
     def claim(self, name: str) -> str:
