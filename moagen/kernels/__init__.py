@@ -1,9 +1,10 @@
 """The kernel registry: each kernel is a MoA spec plus named variants, a variant being what
-it materializes and its schedule; or a composite of registered kernels (the block).
+it materializes and its steps in three layers (moagen.kernels.layers); or a composite of
+registered kernels (the block).
 
-A variant's schedule may have parameters (tile sizes, rows unrolled together): the module
-gives a Tunable, whose defaults are what generated/ holds and whose space is what
-`moagen tune` searches on a machine.
+A variant's steps may have parameters (tile sizes, rows unrolled together): the module
+gives a Tunable, whose defaults per target kind are what generated/ holds (C and Fortran
+the CPU's, CUDA the GPU's) and whose space is what `moagen tune` searches on a machine.
 
 Each module also declares what its kernels are verified and measured on (CHECKS and BENCH,
 moagen.kernels.cases): every registered kernel has both."""
