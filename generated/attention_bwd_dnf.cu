@@ -237,31 +237,39 @@ extern "C" int attention_bwd_dnf_f64(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_bwd_dnf_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_dnf_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_bwd_dnf_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_dnf_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_bwd_dnf_f64_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_dnf_f64_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_bwd_dnf_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_dnf_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -458,31 +466,39 @@ extern "C" int attention_bwd_dnf_f32(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_bwd_dnf_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_dnf_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_bwd_dnf_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_dnf_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_bwd_dnf_f32_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_dnf_f32_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_bwd_dnf_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_dnf_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

@@ -121,10 +121,12 @@ extern "C" int attention_fwd_causal_dnf_f64(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_causal_dnf_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_dnf_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -203,10 +205,12 @@ extern "C" int attention_fwd_causal_dnf_f32(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_causal_dnf_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_dnf_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

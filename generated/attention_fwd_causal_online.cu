@@ -302,17 +302,21 @@ extern "C" int attention_fwd_causal_online_f64(
 {
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_causal_online_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_online_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_causal_online_f64_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_online_f64_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -572,17 +576,21 @@ extern "C" int attention_fwd_causal_online_f32(
 {
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_causal_online_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_online_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_causal_online_f32_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_online_f32_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

@@ -192,31 +192,39 @@ extern "C" int attention_fwd_naive_f64(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_naive_f64_scores, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_naive_f64_scores, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_naive_f64_probs, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_naive_f64_probs, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_naive_f64_O, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_naive_f64_O, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_naive_f64_lse, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_naive_f64_lse, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -378,31 +386,39 @@ extern "C" int attention_fwd_naive_f32(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_naive_f32_scores, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_naive_f32_scores, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_naive_f32_probs, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_naive_f32_probs, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_naive_f32_O, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_naive_f32_O, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        MOAGEN_LAUNCH(attention_fwd_naive_f32_lse, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_naive_f32_lse, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

@@ -85,17 +85,21 @@ extern "C" int kv_append_dnf_f64(
 {
     {
         const int64_t count = batch*kv_heads, threads = 128;
-        MOAGEN_LAUNCH(kv_append_dnf_f64_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      K, V, k_new, v_new, batch, kv_heads, cap, d, n);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(kv_append_dnf_f64_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          K, V, k_new, v_new, batch, kv_heads, cap, d, n);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*kv_heads, threads = 128;
-        MOAGEN_LAUNCH(kv_append_dnf_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      K, V, k_new, v_new, batch, kv_heads, cap, d, n);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(kv_append_dnf_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          K, V, k_new, v_new, batch, kv_heads, cap, d, n);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -166,17 +170,21 @@ extern "C" int kv_append_dnf_f32(
 {
     {
         const int64_t count = batch*kv_heads, threads = 128;
-        MOAGEN_LAUNCH(kv_append_dnf_f32_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      K, V, k_new, v_new, batch, kv_heads, cap, d, n);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(kv_append_dnf_f32_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          K, V, k_new, v_new, batch, kv_heads, cap, d, n);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*kv_heads, threads = 128;
-        MOAGEN_LAUNCH(kv_append_dnf_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      K, V, k_new, v_new, batch, kv_heads, cap, d, n);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(kv_append_dnf_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          K, V, k_new, v_new, batch, kv_heads, cap, d, n);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

@@ -52,10 +52,12 @@ extern "C" int residual_add_dnf_f64(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        MOAGEN_LAUNCH(residual_add_dnf_f64_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, R, y, batch, n, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(residual_add_dnf_f64_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, R, y, batch, n, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -94,10 +96,12 @@ extern "C" int residual_add_dnf_f32(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        MOAGEN_LAUNCH(residual_add_dnf_f32_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, R, y, batch, n, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(residual_add_dnf_f32_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, R, y, batch, n, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

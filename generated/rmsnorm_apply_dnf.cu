@@ -54,10 +54,12 @@ extern "C" int rmsnorm_apply_dnf_f64(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_apply_dnf_f64_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, inv_rms, z, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_apply_dnf_f64_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, z, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -98,10 +100,12 @@ extern "C" int rmsnorm_apply_dnf_f32(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_apply_dnf_f32_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, inv_rms, z, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_apply_dnf_f32_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, z, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

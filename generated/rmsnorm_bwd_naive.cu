@@ -134,24 +134,30 @@ extern "C" int rmsnorm_bwd_naive_f64(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_bwd_naive_f64_dx, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_bwd_naive_f64_dx, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = 16, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_bwd_naive_f64_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_bwd_naive_f64_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = 1, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_bwd_naive_f64_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_bwd_naive_f64_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -261,24 +267,30 @@ extern "C" int rmsnorm_bwd_naive_f32(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_bwd_naive_f32_dx, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_bwd_naive_f32_dx, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = 16, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_bwd_naive_f32_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_bwd_naive_f32_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = 1, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_bwd_naive_f32_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_bwd_naive_f32_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

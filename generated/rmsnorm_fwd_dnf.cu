@@ -62,10 +62,12 @@ extern "C" int rmsnorm_fwd_dnf_f64(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, z, inv_rms, batch, n, d, eps);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, z, inv_rms, batch, n, d, eps);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -113,10 +115,12 @@ extern "C" int rmsnorm_fwd_dnf_f32(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, z, inv_rms, batch, n, d, eps);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, z, inv_rms, batch, n, d, eps);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

@@ -83,17 +83,21 @@ extern "C" int rmsnorm_fwd_naive_f64(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_fwd_naive_f64_inv_rms, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, z, inv_rms, batch, n, d, eps);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_fwd_naive_f64_inv_rms, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, z, inv_rms, batch, n, d, eps);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_fwd_naive_f64_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, z, inv_rms, batch, n, d, eps);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_fwd_naive_f64_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, z, inv_rms, batch, n, d, eps);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -162,17 +166,21 @@ extern "C" int rmsnorm_fwd_naive_f32(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_fwd_naive_f32_inv_rms, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, z, inv_rms, batch, n, d, eps);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_fwd_naive_f32_inv_rms, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, z, inv_rms, batch, n, d, eps);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        MOAGEN_LAUNCH(rmsnorm_fwd_naive_f32_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                      x, weight, z, inv_rms, batch, n, d, eps);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_fwd_naive_f32_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, z, inv_rms, batch, n, d, eps);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
