@@ -110,9 +110,9 @@ def run(kernels=None, langs=None, variants=None, dtypes=DTYPES,
 
 def format_row(row: Row) -> str:
     errs = "  ".join(f"{k} {v:.1e}" for k, v in row.errors.items()) or "-"
-    return (f"{row.kernel:<22} {row.variant:<7} {row.lang:<8} {row.dtype:<8} {row.sizes:<34} "
+    return (f"{row.kernel:<22} {row.variant:<7} {row.lang:<13} {row.dtype:<8} {row.sizes:<34} "
             f"{errs:<28} {row.status}")
 
 
-HEADER = (f"{'kernel':<22} {'variant':<7} {'lang':<8} {'dtype':<8} {'sizes':<34} "
+HEADER = (f"{'kernel':<22} {'variant':<7} {'lang':<13} {'dtype':<8} {'sizes':<34} "
           f"{'max relative error vs':<28} result")
