@@ -207,7 +207,6 @@ def cmd_verify(args):
     from moagen import verify
     from moagen.errors import DeviceUnavailable
     from moagen.onf.signature import DTYPES
-
     from moagen.targets import emulated
 
     if args.emulate:
