@@ -14,6 +14,7 @@ from moagen.cli import main
 from moagen.errors import CompilerNotFound
 from moagen.kernels import get_kernel
 from moagen.onf.signature import DTYPES
+from moagen.targets import get_target
 
 # every family once; atomic and owner both, since only the one adds with atomicAdd
 KERNELS = [("attention_fwd", "online"), ("attention_fwd_causal", "dnf"),
@@ -35,6 +36,11 @@ def test_cuda_kernel_run_on_the_host_matches_references(case):
     row = verify.check_case(*case, load=runtime.load)
     assert row.status == "pass", verify.format_row(row)
     assert set(row.errors) == {"numpy", "torch"}
+
+
+def test_verify_runs_cuda_emulated_where_no_gpu_is():
+    cuda = "cuda" if get_target("cuda").runs_here() else "cuda-emulated"
+    assert verify.default_langs() == ("c", "fortran", cuda)
 
 
 def test_verify_emulate_runs_cuda_as_cuda_emulated(capsys):
