@@ -11,6 +11,7 @@ from moagen.bind.c import dlopen
 from moagen.bind.cuda import check_launch
 from moagen.build import Toolchain, build_cuda_emulated
 from moagen.cli import main
+from moagen.codegen.emit import emit
 from moagen.errors import CompilerNotFound
 from moagen.kernels import get_kernel
 from moagen.onf.signature import DTYPES
@@ -29,6 +30,13 @@ CASES = [(kernel, variant, "cuda-emulated", dtype, sizes) for kernel, variant in
 def _id(case):
     kernel, variant, _, dtype, sizes = case
     return f"{kernel}-{variant}-{dtype}-" + "-".join(map(str, sizes.values()))
+
+
+@pytest.mark.parametrize("kernel, variant", KERNELS)
+def test_the_emulation_builds_the_cuda_source(kernel, variant):
+    """The text generated/ holds, but for the banner's command that regenerates it."""
+    source = emit(kernel, variant, "cuda-emulated")
+    assert source.replace("--lang cuda-emulated ", "--lang cuda ") == emit(kernel, variant, "cuda")
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
