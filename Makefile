@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 MOAGEN := $(VENV)/bin/moagen
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all generated build verify test bench clean
+.PHONY: all generated build verify verify-cuda-emulated test bench clean
 
 all: generated build
 
@@ -22,6 +22,9 @@ build: $(VENV)/.installed
 
 verify: $(VENV)/.installed
 	$(MOAGEN) verify
+
+verify-cuda-emulated: $(VENV)/.installed  # every CUDA kernel run on the host, no GPU needed
+	$(MOAGEN) verify --lang cuda --emulate
 
 test: $(VENV)/.installed
 	$(PYTHON) -m pytest -q

@@ -23,6 +23,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* P: reads Q, K, lse; scratch P
  * for b, h, i (parallel) / j / c (simd)
  */
@@ -277,45 +283,57 @@ extern "C" int attention_bwd_naive_f64(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_bwd_naive_f64_P<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_naive_f64_P, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_bwd_naive_f64_delta<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_naive_f64_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_bwd_naive_f64_dS<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_naive_f64_dS, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_bwd_naive_f64_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_naive_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_bwd_naive_f64_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_naive_f64_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_bwd_naive_f64_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_naive_f64_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -574,45 +592,57 @@ extern "C" int attention_bwd_naive_f32(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_bwd_naive_f32_P<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_naive_f32_P, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_bwd_naive_f32_delta<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_naive_f32_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_bwd_naive_f32_dS<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_naive_f32_dS, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_bwd_naive_f32_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_naive_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_bwd_naive_f32_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_naive_f32_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_bwd_naive_f32_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_bwd_naive_f32_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, dO, lse, dQ, dK, dV, P, delta, dS, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

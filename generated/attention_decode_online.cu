@@ -62,6 +62,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* heads: writes O, lse; reads K, q, V; scratch probs
  * for b, g, r_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
@@ -310,17 +316,21 @@ extern "C" int attention_decode_online_f64(
 {
     {
         const int64_t count = batch*kv_heads*((((q_heads) / kv_heads)) / 4), threads = 128;
-        attention_decode_online_f64_heads<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_decode_online_f64_heads, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*kv_heads*(((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4)), threads = 128;
-        attention_decode_online_f64_heads_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_decode_online_f64_heads_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -573,17 +583,21 @@ extern "C" int attention_decode_online_f32(
 {
     {
         const int64_t count = batch*kv_heads*((((q_heads) / kv_heads)) / 4), threads = 128;
-        attention_decode_online_f32_heads<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_decode_online_f32_heads, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*kv_heads*(((q_heads) / kv_heads) - 4*((((q_heads) / kv_heads)) / 4)), threads = 128;
-        attention_decode_online_f32_heads_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_decode_online_f32_heads_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          q, K, V, O, lse, probs, batch, q_heads, d, kv_heads, cap, n, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

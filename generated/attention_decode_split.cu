@@ -62,6 +62,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* heads.partial: reads K, q, V; scratch O_part, row_max_part, row_sum_part
  * for b, h_tile, j_split (parallel) / c (simd), j / c (simd)
  */
@@ -303,24 +309,30 @@ extern "C" int attention_decode_split_f64(
 {
     {
         const int64_t count = 16*batch*((q_heads) / 4), threads = 128;
-        attention_decode_split_f64_heads_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_decode_split_f64_heads_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = 16*batch*(q_heads - 4*((q_heads) / 4)), threads = 128;
-        attention_decode_split_f64_heads_partial_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_decode_split_f64_heads_partial_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*q_heads, threads = 128;
-        attention_decode_split_f64_heads_merge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_decode_split_f64_heads_merge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -566,24 +578,30 @@ extern "C" int attention_decode_split_f32(
 {
     {
         const int64_t count = 16*batch*((q_heads) / 4), threads = 128;
-        attention_decode_split_f32_heads_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_decode_split_f32_heads_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = 16*batch*(q_heads - 4*((q_heads) / 4)), threads = 128;
-        attention_decode_split_f32_heads_partial_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_decode_split_f32_heads_partial_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*q_heads, threads = 128;
-        attention_decode_split_f32_heads_merge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_decode_split_f32_heads_merge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          q, K, V, O, lse, row_max_part, row_sum_part, O_part, batch, q_heads, d, kv_heads, cap, n, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

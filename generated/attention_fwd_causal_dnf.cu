@@ -41,6 +41,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* rows: writes O, lse; reads Q, K, V
  * for b, h, i (parallel) / c (simd), j / c (simd)
  */
@@ -115,10 +121,12 @@ extern "C" int attention_fwd_causal_dnf_f64(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwd_causal_dnf_f64_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, lse, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_dnf_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -197,10 +205,12 @@ extern "C" int attention_fwd_causal_dnf_f32(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwd_causal_dnf_f32_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, lse, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_dnf_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

@@ -29,6 +29,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* scores: reads Q, K; scratch scores
  * for b, h, i (parallel) / j / c (simd)
  */
@@ -186,31 +192,39 @@ extern "C" int attention_fwd_causal_naive_f64(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwd_causal_naive_f64_scores<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_naive_f64_scores, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwd_causal_naive_f64_probs<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_naive_f64_probs, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwd_causal_naive_f64_O<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_naive_f64_O, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwd_causal_naive_f64_lse<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_naive_f64_lse, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -372,31 +386,39 @@ extern "C" int attention_fwd_causal_naive_f32(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwd_causal_naive_f32_scores<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_naive_f32_scores, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwd_causal_naive_f32_probs<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_naive_f32_probs, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwd_causal_naive_f32_O<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_naive_f32_O, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwd_causal_naive_f32_lse<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwd_causal_naive_f32_lse, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

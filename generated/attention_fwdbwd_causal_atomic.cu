@@ -70,6 +70,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* dK.zero: writes dK
  * for b, h, j (parallel) / c (simd)
  */
@@ -236,24 +242,30 @@ extern "C" int attention_fwdbwd_causal_atomic_f64(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwdbwd_causal_atomic_f64_dK_zero<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_atomic_f64_dK_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwdbwd_causal_atomic_f64_dV_zero<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_atomic_f64_dV_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwdbwd_causal_atomic_f64_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_atomic_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -424,24 +436,30 @@ extern "C" int attention_fwdbwd_causal_atomic_f32(
 {
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwdbwd_causal_atomic_f32_dK_zero<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_atomic_f32_dK_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwdbwd_causal_atomic_f32_dV_zero<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_atomic_f32_dV_zero, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        attention_fwdbwd_causal_atomic_f32_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_causal_atomic_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

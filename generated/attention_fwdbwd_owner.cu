@@ -75,6 +75,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* forward: writes O, lse; reads Q, K, V, dO; scratch probs, delta
  * for b, h, i_tile (parallel) / c (simd), j_blk / j, j (simd), c (simd), j_tile / c (simd)
  */
@@ -890,45 +896,57 @@ extern "C" int attention_fwdbwd_owner_f64(
 {
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
-        attention_fwdbwd_owner_f64_forward<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_owner_f64_forward, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
-        attention_fwdbwd_owner_f64_forward_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_owner_f64_forward_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
-        attention_fwdbwd_owner_f64_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_owner_f64_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
-        attention_fwdbwd_owner_f64_dQ_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_owner_f64_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
-        attention_fwdbwd_owner_f64_keys<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_owner_f64_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
-        attention_fwdbwd_owner_f64_keys_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_owner_f64_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -1748,45 +1766,57 @@ extern "C" int attention_fwdbwd_owner_f32(
 {
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
-        attention_fwdbwd_owner_f32_forward<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_owner_f32_forward, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
-        attention_fwdbwd_owner_f32_forward_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_owner_f32_forward_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
-        attention_fwdbwd_owner_f32_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_owner_f32_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
-        attention_fwdbwd_owner_f32_dQ_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_owner_f32_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*((n) / 4), threads = 128;
-        attention_fwdbwd_owner_f32_keys<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_owner_f32_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
-        attention_fwdbwd_owner_f32_keys_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(attention_fwdbwd_owner_f32_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          Q, K, V, dO, O, lse, dQ, dK, dV, delta, probs, qk_block, dov_block, t2_block, qk_block2, dov_block2, t3_block, t4_block, batch, heads, n, d, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

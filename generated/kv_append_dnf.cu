@@ -13,6 +13,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* K: writes K; reads k_new
  * for b, g (parallel) / c (simd)
  */
@@ -79,17 +85,21 @@ extern "C" int kv_append_dnf_f64(
 {
     {
         const int64_t count = batch*kv_heads, threads = 128;
-        kv_append_dnf_f64_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            K, V, k_new, v_new, batch, kv_heads, cap, d, n);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(kv_append_dnf_f64_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          K, V, k_new, v_new, batch, kv_heads, cap, d, n);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*kv_heads, threads = 128;
-        kv_append_dnf_f64_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            K, V, k_new, v_new, batch, kv_heads, cap, d, n);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(kv_append_dnf_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          K, V, k_new, v_new, batch, kv_heads, cap, d, n);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -160,17 +170,21 @@ extern "C" int kv_append_dnf_f32(
 {
     {
         const int64_t count = batch*kv_heads, threads = 128;
-        kv_append_dnf_f32_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            K, V, k_new, v_new, batch, kv_heads, cap, d, n);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(kv_append_dnf_f32_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          K, V, k_new, v_new, batch, kv_heads, cap, d, n);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*kv_heads, threads = 128;
-        kv_append_dnf_f32_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            K, V, k_new, v_new, batch, kv_heads, cap, d, n);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(kv_append_dnf_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          K, V, k_new, v_new, batch, kv_heads, cap, d, n);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

@@ -14,6 +14,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* U: writes U; reads X, Wg
  * for b, i (parallel) / e / c (simd)
  */
@@ -122,24 +128,30 @@ extern "C" int mlp_fwd_naive_f64(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_naive_f64_U<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_naive_f64_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_naive_f64_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_naive_f64_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_naive_f64_F<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_naive_f64_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -252,24 +264,30 @@ extern "C" int mlp_fwd_naive_f32(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_naive_f32_U<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_naive_f32_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_naive_f32_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_naive_f32_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_naive_f32_F<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_naive_f32_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

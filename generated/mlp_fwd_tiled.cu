@@ -14,6 +14,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* U.pack_Wg: reads Wg; scratch Wg_panel
  * for e_tile (parallel) / c / lane (simd)
  */
@@ -803,73 +809,93 @@ extern "C" int mlp_fwd_tiled_f64(
 {
     {
         const int64_t count = ((dff) / 8), threads = 128;
-        mlp_fwd_tiled_f64_U_pack_Wg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
-        mlp_fwd_tiled_f64_U<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_tiled_f64_U_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = ((dff) / 8), threads = 128;
-        mlp_fwd_tiled_f64_H_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_H_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
-        mlp_fwd_tiled_f64_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_tiled_f64_H_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_H_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_tiled_f64_H_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_H_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = ((dm) / 8), threads = 128;
-        mlp_fwd_tiled_f64_F_pack_Wd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
-        mlp_fwd_tiled_f64_F<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_tiled_f64_F_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f64_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -1663,73 +1689,93 @@ extern "C" int mlp_fwd_tiled_f32(
 {
     {
         const int64_t count = ((dff) / 8), threads = 128;
-        mlp_fwd_tiled_f32_U_pack_Wg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
-        mlp_fwd_tiled_f32_U<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_tiled_f32_U_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = ((dff) / 8), threads = 128;
-        mlp_fwd_tiled_f32_H_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_H_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
-        mlp_fwd_tiled_f32_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_tiled_f32_H_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_H_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_tiled_f32_H_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_H_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = ((dm) / 8), threads = 128;
-        mlp_fwd_tiled_f32_F_pack_Wd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
-        mlp_fwd_tiled_f32_F<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        mlp_fwd_tiled_f32_F_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(mlp_fwd_tiled_f32_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

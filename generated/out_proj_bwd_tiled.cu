@@ -14,6 +14,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* WoT: reads Wo; scratch WoT
  * for h (parallel) / m / c (simd)
  */
@@ -554,52 +560,66 @@ extern "C" int out_proj_bwd_tiled_f64(
 {
     {
         const int64_t count = heads, threads = 128;
-        out_proj_bwd_tiled_f64_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = heads, threads = 128;
-        out_proj_bwd_tiled_f64_dO_pack_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
-        out_proj_bwd_tiled_f64_dO<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        out_proj_bwd_tiled_f64_dO_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = ((dm) / 8), threads = 128;
-        out_proj_bwd_tiled_f64_dWo_pack_dY<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = heads*((dm) / 8), threads = 128;
-        out_proj_bwd_tiled_f64_dWo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = dh*heads, threads = 128;
-        out_proj_bwd_tiled_f64_dWo_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f64_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -1144,52 +1164,66 @@ extern "C" int out_proj_bwd_tiled_f32(
 {
     {
         const int64_t count = heads, threads = 128;
-        out_proj_bwd_tiled_f32_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = heads, threads = 128;
-        out_proj_bwd_tiled_f32_dO_pack_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
-        out_proj_bwd_tiled_f32_dO<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        out_proj_bwd_tiled_f32_dO_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = ((dm) / 8), threads = 128;
-        out_proj_bwd_tiled_f32_dWo_pack_dY<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = heads*((dm) / 8), threads = 128;
-        out_proj_bwd_tiled_f32_dWo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = dh*heads, threads = 128;
-        out_proj_bwd_tiled_f32_dWo_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_bwd_tiled_f32_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

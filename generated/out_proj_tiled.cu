@@ -13,6 +13,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* Y.pack_Wo: reads Wo; scratch Wo_panel
  * for m_tile (parallel) / h / c / lane (simd)
  */
@@ -298,31 +304,39 @@ extern "C" int out_proj_tiled_f64(
 {
     {
         const int64_t count = ((dm) / 8), threads = 128;
-        out_proj_tiled_f64_Y_pack_Wo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*((dm) / 8), threads = 128;
-        out_proj_tiled_f64_Y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_tiled_f64_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        out_proj_tiled_f64_Y_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        out_proj_tiled_f64_Y_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_tiled_f64_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -612,31 +626,39 @@ extern "C" int out_proj_tiled_f32(
 {
     {
         const int64_t count = ((dm) / 8), threads = 128;
-        out_proj_tiled_f32_Y_pack_Wo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*((dm) / 8), threads = 128;
-        out_proj_tiled_f32_Y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_tiled_f32_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        out_proj_tiled_f32_Y_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        out_proj_tiled_f32_Y_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(out_proj_tiled_f32_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

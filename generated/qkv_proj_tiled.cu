@@ -14,6 +14,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* Q.pack_Wq: reads Wq; scratch Wq_panel
  * for h (parallel) / c_tile / m / lane (simd)
  */
@@ -795,66 +801,84 @@ extern "C" int qkv_proj_tiled_f64(
 {
     {
         const int64_t count = heads, threads = 128;
-        qkv_proj_tiled_f64_Q_pack_Wq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
-        qkv_proj_tiled_f64_Q<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        qkv_proj_tiled_f64_Q_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = heads, threads = 128;
-        qkv_proj_tiled_f64_K_pack_Wk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
-        qkv_proj_tiled_f64_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        qkv_proj_tiled_f64_K_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = heads, threads = 128;
-        qkv_proj_tiled_f64_V_pack_Wv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
-        qkv_proj_tiled_f64_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        qkv_proj_tiled_f64_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f64_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -1640,66 +1664,84 @@ extern "C" int qkv_proj_tiled_f32(
 {
     {
         const int64_t count = heads, threads = 128;
-        qkv_proj_tiled_f32_Q_pack_Wq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
-        qkv_proj_tiled_f32_Q<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        qkv_proj_tiled_f32_Q_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = heads, threads = 128;
-        qkv_proj_tiled_f32_K_pack_Wk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
-        qkv_proj_tiled_f32_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        qkv_proj_tiled_f32_K_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = heads, threads = 128;
-        qkv_proj_tiled_f32_V_pack_Wv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
-        qkv_proj_tiled_f32_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*heads*n, threads = 128;
-        qkv_proj_tiled_f32_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(qkv_proj_tiled_f32_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

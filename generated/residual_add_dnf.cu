@@ -12,6 +12,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* y: writes y; reads x, R
  * for b, i (parallel) / m (simd)
  */
@@ -46,10 +52,12 @@ extern "C" int residual_add_dnf_f64(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        residual_add_dnf_f64_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, R, y, batch, n, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(residual_add_dnf_f64_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, R, y, batch, n, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -88,10 +96,12 @@ extern "C" int residual_add_dnf_f32(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        residual_add_dnf_f32_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, R, y, batch, n, dm);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(residual_add_dnf_f32_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, R, y, batch, n, dm);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

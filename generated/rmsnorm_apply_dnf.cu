@@ -12,6 +12,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* z: writes z; reads weight, x, inv_rms
  * for b, i (parallel) / c (simd)
  */
@@ -48,10 +54,12 @@ extern "C" int rmsnorm_apply_dnf_f64(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        rmsnorm_apply_dnf_f64_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, inv_rms, z, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_apply_dnf_f64_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, z, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -92,10 +100,12 @@ extern "C" int rmsnorm_apply_dnf_f32(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        rmsnorm_apply_dnf_f32_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, inv_rms, z, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_apply_dnf_f32_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, z, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

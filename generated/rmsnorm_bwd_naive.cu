@@ -23,6 +23,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* dx: writes dx; reads dz, weight, x, inv_rms
  * for b, i (parallel) / c (simd)
  */
@@ -128,24 +134,30 @@ extern "C" int rmsnorm_bwd_naive_f64(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        rmsnorm_bwd_naive_f64_dx<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_bwd_naive_f64_dx, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = 16, threads = 128;
-        rmsnorm_bwd_naive_f64_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_bwd_naive_f64_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = 1, threads = 128;
-        rmsnorm_bwd_naive_f64_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_bwd_naive_f64_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -255,24 +267,30 @@ extern "C" int rmsnorm_bwd_naive_f32(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        rmsnorm_bwd_naive_f32_dx<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_bwd_naive_f32_dx, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = 16, threads = 128;
-        rmsnorm_bwd_naive_f32_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_bwd_naive_f32_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = 1, threads = 128;
-        rmsnorm_bwd_naive_f32_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_bwd_naive_f32_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, inv_rms, dz, dx, dweight, dweight_part, batch, n, d);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

@@ -13,6 +13,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* rows: writes inv_rms, z; reads x, weight
  * for b, i (parallel) / c (simd)
  */
@@ -56,10 +62,12 @@ extern "C" int rmsnorm_fwd_dnf_f64(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        rmsnorm_fwd_dnf_f64_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, z, inv_rms, batch, n, d, eps);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f64_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, z, inv_rms, batch, n, d, eps);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -107,10 +115,12 @@ extern "C" int rmsnorm_fwd_dnf_f32(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        rmsnorm_fwd_dnf_f32_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, z, inv_rms, batch, n, d, eps);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_fwd_dnf_f32_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, z, inv_rms, batch, n, d, eps);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

@@ -13,6 +13,12 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+/* A kernel launch, kernel<<<blocks, threads>>>(...); the host build that runs this file
+ * without a GPU defines its own (templates/cuda/emulation/cuda_runtime.h). */
+#ifndef MOAGEN_LAUNCH
+#define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
+#endif
+
 /* inv_rms: writes inv_rms; reads x
  * for b, i (parallel) / c (simd)
  */
@@ -77,17 +83,21 @@ extern "C" int rmsnorm_fwd_naive_f64(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        rmsnorm_fwd_naive_f64_inv_rms<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, z, inv_rms, batch, n, d, eps);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_fwd_naive_f64_inv_rms, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, z, inv_rms, batch, n, d, eps);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        rmsnorm_fwd_naive_f64_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, z, inv_rms, batch, n, d, eps);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_fwd_naive_f64_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, z, inv_rms, batch, n, d, eps);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }
@@ -156,17 +166,21 @@ extern "C" int rmsnorm_fwd_naive_f32(
 {
     {
         const int64_t count = batch*n, threads = 128;
-        rmsnorm_fwd_naive_f32_inv_rms<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, z, inv_rms, batch, n, d, eps);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_fwd_naive_f32_inv_rms, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, z, inv_rms, batch, n, d, eps);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     {
         const int64_t count = batch*n, threads = 128;
-        rmsnorm_fwd_naive_f32_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, weight, z, inv_rms, batch, n, d, eps);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(rmsnorm_fwd_naive_f32_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, weight, z, inv_rms, batch, n, d, eps);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
     }
     return (int)cudaDeviceSynchronize();
 }

@@ -27,12 +27,16 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # What to install when a tool is missing: the Debian package, or the pinned pip package.
 INSTALL_C = "apt-get install gcc"
 INSTALL_FORTRAN = "apt-get install gfortran"
+INSTALL_CXX = "apt-get install g++"
 INSTALL_CUDA = "the CUDA toolkit: apt-get install nvidia-cuda-toolkit (or NVIDIA's cuda package)"
 INSTALL_F90WRAP = "pip install f90wrap==0.3.0"
 INSTALL_MESON = "pip install meson==1.12.1 ninja==1.13.2"
 
 # the GPUs every CUDA kernel is compiled for, with or without one present
 CUDA_ARCHS = ("sm_80", "sm_90")
+
+# the stand-in for the CUDA runtime header that runs CUDA source on the host
+CUDA_EMULATION = PROJECT_ROOT / "templates" / "cuda" / "emulation"
 
 
 def _libmvec():
@@ -65,7 +69,8 @@ def _env_flags(name, default):
 @dataclass(frozen=True)
 class Toolchain:
     """Compilers and flags for every language. Defaults come from the environment (CC, FC,
-    NVCC, MOAGEN_CFLAGS, MOAGEN_FFLAGS, MOAGEN_NVCCFLAGS) when the Toolchain is made."""
+    NVCC, CXX, MOAGEN_CFLAGS, MOAGEN_FFLAGS, MOAGEN_NVCCFLAGS, MOAGEN_CXXFLAGS) when the
+    Toolchain is made."""
 
     cc: str = field(default_factory=_env("CC", "gcc"))
     cflags: tuple = field(
@@ -85,6 +90,11 @@ class Toolchain:
     nvcc: str = field(default_factory=_env("NVCC", "nvcc"))
     nvccflags: tuple = field(default_factory=_env_flags("MOAGEN_NVCCFLAGS", ("-O3",)))
     nvccldflags: tuple = ("-Xcompiler", "-fPIC", "-shared")  # the runnable library only
+    # CUDA run on the host (build_cuda_emulated): checked, not timed, so -O2 compiles fast
+    cxx: str = field(default_factory=_env("CXX", "g++"))
+    cxxflags: tuple = field(
+        default_factory=_env_flags("MOAGEN_CXXFLAGS", ("-O2", "-fopenmp", "-fPIC", "-std=c++17")))
+    cxxldflags: tuple = ("-shared",)
 
     def describe(self):
         """Compiler versions and flags, for benchmark records."""
@@ -96,6 +106,8 @@ class Toolchain:
                         "f90wrap": _package_version("f90wrap")},
             "cuda": {"compiler": self.nvcc, "version": _version(self.nvcc),
                      "flags": list(self.nvccflags), "link": list(self.nvccldflags)},
+            "cuda-emulated": {"compiler": self.cxx, "version": _version(self.cxx),
+                              "flags": list(self.cxxflags), "link": list(self.cxxldflags)},
         }
 
 
@@ -112,14 +124,12 @@ def build_dir():
 def build_c(source, stem, toolchain=None):
     """Build C source into a shared library (for cffi dlopen); returns its path."""
     tc = toolchain or Toolchain()
-    key = ("c", source, tc.cc, tc.cflags, tc.cldflags)
 
-    def build(folder, name):
+    def command(src, library):
         cc = _require(tc.cc, "C compiler", INSTALL_C)
-        src = _write(folder / f"{stem}.c", source)
-        _run([cc, *tc.cflags, "-o", str(folder / f"lib{stem}.so"), str(src), *tc.cldflags], src)
+        return [cc, *tc.cflags, "-o", str(library), str(src), *tc.cldflags]
 
-    return _cached(stem, key, build) / f"lib{stem}.so"
+    return _shared_library(source, stem, "c", ("c", source, tc.cc, tc.cflags, tc.cldflags), command)
 
 
 def build_program(source: Path, library: Path, exe: Path, toolchain=None) -> Path:
@@ -164,14 +174,29 @@ def build_fortran(source, stem, module, toolchain=None):
 def build_cuda(source, stem, toolchain=None):
     """Build CUDA source into a shared library of host launchers; returns its path."""
     tc = toolchain or Toolchain()
-    key = ("cuda", source, tc.nvcc, tc.nvccflags, tc.nvccldflags)
 
-    def build(folder, name):
+    def command(src, library):
         nvcc = _require(tc.nvcc, "CUDA compiler", INSTALL_CUDA)
-        src = _write(folder / f"{stem}.cu", source)
-        _run([nvcc, *tc.nvccflags, *tc.nvccldflags, "-o", str(folder / f"lib{stem}.so"), str(src)], src)
+        return [nvcc, *tc.nvccflags, *tc.nvccldflags, "-o", str(library), str(src)]
 
-    return _cached(stem, key, build) / f"lib{stem}.so"
+    return _shared_library(source, stem, "cu", ("cuda", source, tc.nvcc, tc.nvccflags, tc.nvccldflags),
+                           command)
+
+
+def build_cuda_emulated(source, stem, toolchain=None):
+    """Build CUDA source for the host, each block's threads an OpenMP team (the stand-in
+    runtime header in CUDA_EMULATION), into a shared library of launchers over host
+    pointers; returns its path."""
+    tc = toolchain or Toolchain()
+    header = (CUDA_EMULATION / "cuda_runtime.h").read_text()
+
+    def command(src, library):
+        cxx = _require(tc.cxx, "C++ compiler (to run CUDA on the host)", INSTALL_CXX)
+        return [cxx, "-x", "c++", f"-I{CUDA_EMULATION}", *tc.cxxflags, "-o", str(library),
+                str(src), *tc.cxxldflags]
+
+    key = ("cuda-emulated", source, header, tc.cxx, tc.cxxflags, tc.cxxldflags)
+    return _shared_library(source, stem, "cu", key, command)
 
 
 def compile_cuda(source, stem, arch, toolchain=None):
@@ -188,6 +213,16 @@ def compile_cuda(source, stem, arch, toolchain=None):
 
     folder = _cached(stem, key, build)
     return CubinResult(folder / f"{stem}.cubin", (folder / "ptxas.txt").read_text())
+
+
+def _shared_library(source, stem, extension, key, command):
+    """The shared library built from `source` (cached by `key`); command(source path,
+    library path) is the compile command, asked for only when it must run."""
+    def build(folder, name):
+        src = _write(folder / f"{stem}.{extension}", source)
+        _run(command(src, folder / f"lib{stem}.so"), src)
+
+    return _cached(stem, key, build) / f"lib{stem}.so"
 
 
 def _cached(stem, key, build):

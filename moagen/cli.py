@@ -70,6 +70,9 @@ def _parser():
     p.add_argument("--lang", choices=tuple(TARGETS), action="append")
     p.add_argument("--variant", action="append")
     p.add_argument("--dtype", choices=DTYPES, action="append")
+    p.add_argument("--emulate", action="store_true",
+                   help="run CUDA on the host, each block's threads an OpenMP team "
+                        "(cuda-emulated); with no --lang, CUDA only")
     p.set_defaults(run=cmd_verify)
 
     from moagen.cost.command import add_parser as add_cost_parser
@@ -204,8 +207,12 @@ def cmd_verify(args):
     from moagen import verify
     from moagen.errors import DeviceUnavailable
     from moagen.onf.signature import DTYPES
+    from moagen.targets import emulated
 
-    langs = tuple(args.lang or verify.default_langs())
+    if args.emulate:
+        langs = tuple(emulated(lang) for lang in args.lang or ("cuda",))
+    else:
+        langs = tuple(args.lang or verify.default_langs())
     print(verify.HEADER)
     failures = total = 0
     for row in verify.run(args.kernels or None, langs, args.variant, tuple(args.dtype or DTYPES)):

@@ -22,14 +22,16 @@ from moagen.errors import DeviceUnavailable
 from moagen.kernels import KERNELS, get_kernel
 from moagen.onf.signature import DTYPES
 from moagen.pipeline import onf_of
-from moagen.targets import LANGS, get_target
+from moagen.targets import LANGS, emulated, get_target
 
 TOLERANCE = {"float64": 1e-12, "float32": 2e-5}
 
 
 def default_langs():
-    """The languages whose kernels run here: C and Fortran always, CUDA where a GPU is."""
-    return tuple(lang for lang in LANGS if get_target(lang).runs_here())
+    """The languages whose kernels run here: C and Fortran always; CUDA on a GPU where one
+    is, and emulated on the host where none is."""
+    chosen = (lang if get_target(lang).runs_here() else emulated(lang) for lang in LANGS)
+    return tuple(name for name in chosen if get_target(name).runs_here())
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,9 @@ def run(kernels=None, langs=None, variants=None, dtypes=DTYPES,
 
 def format_row(row: Row) -> str:
     errs = "  ".join(f"{k} {v:.1e}" for k, v in row.errors.items()) or "-"
-    return (f"{row.kernel:<22} {row.variant:<7} {row.lang:<8} {row.dtype:<8} {row.sizes:<34} "
+    return (f"{row.kernel:<22} {row.variant:<7} {row.lang:<13} {row.dtype:<8} {row.sizes:<34} "
             f"{errs:<28} {row.status}")
 
 
-HEADER = (f"{'kernel':<22} {'variant':<7} {'lang':<8} {'dtype':<8} {'sizes':<34} "
+HEADER = (f"{'kernel':<22} {'variant':<7} {'lang':<13} {'dtype':<8} {'sizes':<34} "
           f"{'max relative error vs':<28} result")

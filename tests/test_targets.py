@@ -12,7 +12,7 @@ from moagen.moa.expr import array, inner, transpose
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.realize import realize
 from moagen.pipeline import TARGET_KINDS
-from moagen.targets import LANGS, TARGETS, get_target, of_kind
+from moagen.targets import LANGS, TARGETS, emulated, get_target, of_kind
 from moagen.targets.fortran import NAME_LIMIT
 
 
@@ -30,13 +30,17 @@ def test_every_target_has_what_each_stage_looks_up(name):
 def test_languages_are_the_targets_but_the_experiments_variants():
     assert LANGS == ("c", "fortran", "cuda")
     assert get_target("c-norestrict").variant_of == "c"
+    assert get_target("cuda-emulated").variant_of == "cuda"
+    assert emulated("cuda") == "cuda-emulated" and emulated("c") == "c"
+    assert get_target("cuda-emulated").emit is get_target("cuda").emit
     assert of_kind("cpu") == ("c", "fortran") and of_kind("cuda") == ("cuda",)
     assert get_target("cuda").compile_only and not get_target("c").compile_only
 
 
 def test_unknown_language_names_the_known_ones():
     with pytest.raises(UnknownNameError,
-                       match=r"unknown language 'rust'; expected one of c, fortran, cuda, c-norestrict"):
+                       match=r"unknown language 'rust'; expected one of c, fortran, cuda, c-norestrict, "
+                             r"cuda-emulated"):
         get_target("rust")
 
 

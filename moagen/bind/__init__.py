@@ -1,6 +1,7 @@
 """Loaders: one module per way a built kernel is loaded (c: cffi, fortran: the f2py
-extension, cuda: pycuda), each wrapping every exported function in the one KernelCallable
-interface (abi.py). Which language loads how is registered in moagen.targets:
+extension, cuda: pycuda, cuda_emulated: cffi, for CUDA built to run on the host), each
+wrapping every exported function in the one KernelCallable interface (abi.py). Which
+language loads how is registered in moagen.targets:
 
     target = moagen.targets.get_target("c")
     scale_rows = target.bind(target.library(source, "scale_rows"), signature, validate)

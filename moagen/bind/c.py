@@ -29,8 +29,14 @@ def load(path):
 
 
 def bind(library, signature, validate=None):
+    return KernelCallable(signature, host_call(library, signature), validate)
+
+
+def host_call(library, signature, result="void"):
+    """The kernel's exported function over host arrays: (arrays, sizes, scalars) -> its
+    result, the arrays handed over as pointers to their memory."""
     ffi = cffi.FFI()
-    ffi.cdef(declaration(signature))
+    ffi.cdef(declaration(signature, result))
     function = getattr(dlopen(ffi, library), signature.name)
     buffer_type = CTYPES[signature.dtype] + "[]"
     n_arrays = len(signature.arrays)
@@ -39,6 +45,6 @@ def bind(library, signature, validate=None):
     def native_call(*args):
         arrays = [ffi.from_buffer(buffer_type, flat_view(a), require_writable=w)
                   for w, a in zip(writable, args[:n_arrays])]
-        function(*arrays, *args[n_arrays:])
+        return function(*arrays, *args[n_arrays:])
 
-    return KernelCallable(signature, native_call, validate)
+    return native_call

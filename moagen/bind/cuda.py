@@ -29,13 +29,18 @@ def bind(library, signature, validate=None):
         device = [gpuarray.to_gpu(a) for a in host[:n_inputs]]
         device += [gpuarray.empty(a.shape, a.dtype) for a in host[n_inputs:]]
         code = launcher(*(ffi.cast(pointer_type, int(d.gpudata)) for d in device), *args[n_arrays:])
-        if code != 0:
-            raise RuntimeError(f"{signature.name}: the CUDA launcher returned cudaError_t {code}")
+        check_launch(signature.name, code)
         written = [k for k, a in enumerate(signature.arrays) if a.intent in ("inout", "out")]
         for k in written:
             device[k].get(ary=host[k])  # into the caller's memory; scratch stays on the device
 
     return KernelCallable(signature, native_call, validate)
+
+
+def check_launch(name, code):
+    """A launcher's result: 0, or the cudaError_t of its first failure, raised."""
+    if code != 0:
+        raise RuntimeError(f"{name}: the CUDA launcher returned cudaError_t {code}")
 
 
 def available() -> bool:

@@ -15,15 +15,23 @@ TARGETS = {t.name: t for t in (
     fortran.TARGET,
     cuda.TARGET,
     c.NO_RESTRICT,
+    cuda.EMULATED,
 )}
-# the languages: every target but the experiments' variants of one
+# the languages: every target but the variants of one (an experiment's, an emulation's)
 LANGS = tuple(name for name, t in TARGETS.items() if t.variant_of is None)
+# what runs a language's kernels on the host where its own hardware is missing
+EMULATIONS = {"cuda": cuda.EMULATED.name}
 
 
 def get_target(name: str) -> Target:
     if name not in TARGETS:
         raise UnknownNameError(f"unknown language {name!r}; expected one of {', '.join(TARGETS)}")
     return TARGETS[name]
+
+
+def emulated(lang: str) -> str:
+    """The target that runs `lang` on the host: its emulation, or itself."""
+    return EMULATIONS.get(lang, lang)
 
 
 def of_kind(kind: str) -> tuple:
