@@ -172,8 +172,8 @@ contains
     real(c_double), intent(out) :: qkv_dK_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_double), intent(out) :: qkv_dV_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_double), intent(out) :: norm1_dweight_part(0:16 * dm - 1)
-    integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_tile, c_tile, i_part, m, h, m_tile, j, &
-        & mlp_WdT_panel_row, dy_row0, dy_row1, dy_row2, dy_row3, dy_row4, dy_row5, &
+    integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_blk, i_tile, c_tile, i_part, m, h, m_tile, &
+        & j, mlp_WdT_panel_row, dy_row0, dy_row1, dy_row2, dy_row3, dy_row4, dy_row5, &
         & mlp_Wu_panel_row, xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, U_row, &
         & mlp_WgT_panel_row, mlp_WuT_panel_row, mlp_dU_row0, mlp_dU_row1, mlp_dU_row2, &
         & mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, mlp_dV_row1, mlp_dV_row2, &
@@ -232,170 +232,172 @@ contains
     end do
     !$omp end parallel do
     ! mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
-    ! for b, e_tile (parallel) / i_tile / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, dy_row0, dy_row1, dy_row2, &
-    !$omp& dy_row3, dy_row4, dy_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
-    !$omp& acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
-    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
-    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-    !$omp& acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, dy_row0, dy_row1, &
+    !$omp& dy_row2, dy_row3, dy_row4, dy_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do e_tile = 0, ((dff) / 8) - 1
-        do i_tile = 0, ((n + 5) / 6) - 1
-          dy_row0 = dm*(b*n + min(6*i_tile, n - 1))
-          dy_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
-          dy_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
-          dy_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
-          dy_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
-          dy_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
-          acc_0_0 = 0.0_c_double
-          acc_0_1 = 0.0_c_double
-          acc_0_2 = 0.0_c_double
-          acc_0_3 = 0.0_c_double
-          acc_0_4 = 0.0_c_double
-          acc_0_5 = 0.0_c_double
-          acc_0_6 = 0.0_c_double
-          acc_0_7 = 0.0_c_double
-          acc_1_0 = 0.0_c_double
-          acc_1_1 = 0.0_c_double
-          acc_1_2 = 0.0_c_double
-          acc_1_3 = 0.0_c_double
-          acc_1_4 = 0.0_c_double
-          acc_1_5 = 0.0_c_double
-          acc_1_6 = 0.0_c_double
-          acc_1_7 = 0.0_c_double
-          acc_2_0 = 0.0_c_double
-          acc_2_1 = 0.0_c_double
-          acc_2_2 = 0.0_c_double
-          acc_2_3 = 0.0_c_double
-          acc_2_4 = 0.0_c_double
-          acc_2_5 = 0.0_c_double
-          acc_2_6 = 0.0_c_double
-          acc_2_7 = 0.0_c_double
-          acc_3_0 = 0.0_c_double
-          acc_3_1 = 0.0_c_double
-          acc_3_2 = 0.0_c_double
-          acc_3_3 = 0.0_c_double
-          acc_3_4 = 0.0_c_double
-          acc_3_5 = 0.0_c_double
-          acc_3_6 = 0.0_c_double
-          acc_3_7 = 0.0_c_double
-          acc_4_0 = 0.0_c_double
-          acc_4_1 = 0.0_c_double
-          acc_4_2 = 0.0_c_double
-          acc_4_3 = 0.0_c_double
-          acc_4_4 = 0.0_c_double
-          acc_4_5 = 0.0_c_double
-          acc_4_6 = 0.0_c_double
-          acc_4_7 = 0.0_c_double
-          acc_5_0 = 0.0_c_double
-          acc_5_1 = 0.0_c_double
-          acc_5_2 = 0.0_c_double
-          acc_5_3 = 0.0_c_double
-          acc_5_4 = 0.0_c_double
-          acc_5_5 = 0.0_c_double
-          acc_5_6 = 0.0_c_double
-          acc_5_7 = 0.0_c_double
-          !GCC$ novector
-          do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do e_tile = 0, ((dff) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            dy_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            dy_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            dy_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            dy_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            dy_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            dy_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
+            acc_0_0 = 0.0_c_double
+            acc_0_1 = 0.0_c_double
+            acc_0_2 = 0.0_c_double
+            acc_0_3 = 0.0_c_double
+            acc_0_4 = 0.0_c_double
+            acc_0_5 = 0.0_c_double
+            acc_0_6 = 0.0_c_double
+            acc_0_7 = 0.0_c_double
+            acc_1_0 = 0.0_c_double
+            acc_1_1 = 0.0_c_double
+            acc_1_2 = 0.0_c_double
+            acc_1_3 = 0.0_c_double
+            acc_1_4 = 0.0_c_double
+            acc_1_5 = 0.0_c_double
+            acc_1_6 = 0.0_c_double
+            acc_1_7 = 0.0_c_double
+            acc_2_0 = 0.0_c_double
+            acc_2_1 = 0.0_c_double
+            acc_2_2 = 0.0_c_double
+            acc_2_3 = 0.0_c_double
+            acc_2_4 = 0.0_c_double
+            acc_2_5 = 0.0_c_double
+            acc_2_6 = 0.0_c_double
+            acc_2_7 = 0.0_c_double
+            acc_3_0 = 0.0_c_double
+            acc_3_1 = 0.0_c_double
+            acc_3_2 = 0.0_c_double
+            acc_3_3 = 0.0_c_double
+            acc_3_4 = 0.0_c_double
+            acc_3_5 = 0.0_c_double
+            acc_3_6 = 0.0_c_double
+            acc_3_7 = 0.0_c_double
+            acc_4_0 = 0.0_c_double
+            acc_4_1 = 0.0_c_double
+            acc_4_2 = 0.0_c_double
+            acc_4_3 = 0.0_c_double
+            acc_4_4 = 0.0_c_double
+            acc_4_5 = 0.0_c_double
+            acc_4_6 = 0.0_c_double
+            acc_4_7 = 0.0_c_double
+            acc_5_0 = 0.0_c_double
+            acc_5_1 = 0.0_c_double
+            acc_5_2 = 0.0_c_double
+            acc_5_3 = 0.0_c_double
+            acc_5_4 = 0.0_c_double
+            acc_5_5 = 0.0_c_double
+            acc_5_6 = 0.0_c_double
+            acc_5_7 = 0.0_c_double
+            !GCC$ novector
+            do c = 0, dm - 1
+              acc_0_0 = acc_0_0 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+              acc_0_1 = acc_0_1 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+              acc_1_0 = acc_1_0 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+              acc_1_1 = acc_1_1 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+              acc_2_0 = acc_2_0 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+              acc_2_1 = acc_2_1 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+              acc_3_0 = acc_3_0 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+              acc_3_1 = acc_3_1 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+              acc_4_0 = acc_4_0 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+              acc_4_1 = acc_4_1 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+              acc_5_0 = acc_5_0 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+              acc_5_1 = acc_5_1 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+            end do
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
           end do
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
         end do
       end do
     end do
@@ -430,8 +432,8 @@ contains
     end do
     !$omp end parallel do
     ! mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
-    ! for b, e_tile (parallel) / i_tile / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, xn2_row0, xn2_row1, &
+    ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, xn2_row0, xn2_row1, &
     !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
     !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
     !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
@@ -439,161 +441,163 @@ contains
     !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
     !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do e_tile = 0, ((dff) / 8) - 1
-        do i_tile = 0, ((n + 5) / 6) - 1
-          xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
-          xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
-          xn2_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
-          xn2_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
-          xn2_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
-          xn2_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
-          acc_0_0 = 0.0_c_double
-          acc_0_1 = 0.0_c_double
-          acc_0_2 = 0.0_c_double
-          acc_0_3 = 0.0_c_double
-          acc_0_4 = 0.0_c_double
-          acc_0_5 = 0.0_c_double
-          acc_0_6 = 0.0_c_double
-          acc_0_7 = 0.0_c_double
-          acc_1_0 = 0.0_c_double
-          acc_1_1 = 0.0_c_double
-          acc_1_2 = 0.0_c_double
-          acc_1_3 = 0.0_c_double
-          acc_1_4 = 0.0_c_double
-          acc_1_5 = 0.0_c_double
-          acc_1_6 = 0.0_c_double
-          acc_1_7 = 0.0_c_double
-          acc_2_0 = 0.0_c_double
-          acc_2_1 = 0.0_c_double
-          acc_2_2 = 0.0_c_double
-          acc_2_3 = 0.0_c_double
-          acc_2_4 = 0.0_c_double
-          acc_2_5 = 0.0_c_double
-          acc_2_6 = 0.0_c_double
-          acc_2_7 = 0.0_c_double
-          acc_3_0 = 0.0_c_double
-          acc_3_1 = 0.0_c_double
-          acc_3_2 = 0.0_c_double
-          acc_3_3 = 0.0_c_double
-          acc_3_4 = 0.0_c_double
-          acc_3_5 = 0.0_c_double
-          acc_3_6 = 0.0_c_double
-          acc_3_7 = 0.0_c_double
-          acc_4_0 = 0.0_c_double
-          acc_4_1 = 0.0_c_double
-          acc_4_2 = 0.0_c_double
-          acc_4_3 = 0.0_c_double
-          acc_4_4 = 0.0_c_double
-          acc_4_5 = 0.0_c_double
-          acc_4_6 = 0.0_c_double
-          acc_4_7 = 0.0_c_double
-          acc_5_0 = 0.0_c_double
-          acc_5_1 = 0.0_c_double
-          acc_5_2 = 0.0_c_double
-          acc_5_3 = 0.0_c_double
-          acc_5_4 = 0.0_c_double
-          acc_5_5 = 0.0_c_double
-          acc_5_6 = 0.0_c_double
-          acc_5_7 = 0.0_c_double
-          !GCC$ novector
-          do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do e_tile = 0, ((dff) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            xn2_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            xn2_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            xn2_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            xn2_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
+            acc_0_0 = 0.0_c_double
+            acc_0_1 = 0.0_c_double
+            acc_0_2 = 0.0_c_double
+            acc_0_3 = 0.0_c_double
+            acc_0_4 = 0.0_c_double
+            acc_0_5 = 0.0_c_double
+            acc_0_6 = 0.0_c_double
+            acc_0_7 = 0.0_c_double
+            acc_1_0 = 0.0_c_double
+            acc_1_1 = 0.0_c_double
+            acc_1_2 = 0.0_c_double
+            acc_1_3 = 0.0_c_double
+            acc_1_4 = 0.0_c_double
+            acc_1_5 = 0.0_c_double
+            acc_1_6 = 0.0_c_double
+            acc_1_7 = 0.0_c_double
+            acc_2_0 = 0.0_c_double
+            acc_2_1 = 0.0_c_double
+            acc_2_2 = 0.0_c_double
+            acc_2_3 = 0.0_c_double
+            acc_2_4 = 0.0_c_double
+            acc_2_5 = 0.0_c_double
+            acc_2_6 = 0.0_c_double
+            acc_2_7 = 0.0_c_double
+            acc_3_0 = 0.0_c_double
+            acc_3_1 = 0.0_c_double
+            acc_3_2 = 0.0_c_double
+            acc_3_3 = 0.0_c_double
+            acc_3_4 = 0.0_c_double
+            acc_3_5 = 0.0_c_double
+            acc_3_6 = 0.0_c_double
+            acc_3_7 = 0.0_c_double
+            acc_4_0 = 0.0_c_double
+            acc_4_1 = 0.0_c_double
+            acc_4_2 = 0.0_c_double
+            acc_4_3 = 0.0_c_double
+            acc_4_4 = 0.0_c_double
+            acc_4_5 = 0.0_c_double
+            acc_4_6 = 0.0_c_double
+            acc_4_7 = 0.0_c_double
+            acc_5_0 = 0.0_c_double
+            acc_5_1 = 0.0_c_double
+            acc_5_2 = 0.0_c_double
+            acc_5_3 = 0.0_c_double
+            acc_5_4 = 0.0_c_double
+            acc_5_5 = 0.0_c_double
+            acc_5_6 = 0.0_c_double
+            acc_5_7 = 0.0_c_double
+            !GCC$ novector
+            do c = 0, dm - 1
+              acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+              acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+              acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+              acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+              acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+              acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+              acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+              acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+              acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+              acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+              acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+              acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            end do
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
           end do
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
         end do
       end do
     end do
@@ -689,225 +693,227 @@ contains
     end do
     !$omp end parallel do
     ! mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
-    ! for b, c_tile (parallel) / i_tile / e (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, mlp_dU_row0, mlp_dU_row1, &
-    !$omp& mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, mlp_dV_row1, &
-    !$omp& mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(c_tile, i_tile, e, mlp_dU_row0, &
+    !$omp& mlp_dU_row1, mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, &
+    !$omp& mlp_dV_row1, mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do c_tile = 0, ((dm) / 8) - 1
-        do i_tile = 0, ((n + 5) / 6) - 1
-          mlp_dU_row0 = dff*(b*n + min(6*i_tile, n - 1))
-          mlp_dU_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
-          mlp_dU_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
-          mlp_dU_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
-          mlp_dU_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
-          mlp_dU_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
-          mlp_dV_row0 = dff*(b*n + min(6*i_tile, n - 1))
-          mlp_dV_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
-          mlp_dV_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
-          mlp_dV_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
-          mlp_dV_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
-          mlp_dV_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
-          acc_0_0 = 0.0_c_double
-          acc_0_1 = 0.0_c_double
-          acc_0_2 = 0.0_c_double
-          acc_0_3 = 0.0_c_double
-          acc_0_4 = 0.0_c_double
-          acc_0_5 = 0.0_c_double
-          acc_0_6 = 0.0_c_double
-          acc_0_7 = 0.0_c_double
-          acc_1_0 = 0.0_c_double
-          acc_1_1 = 0.0_c_double
-          acc_1_2 = 0.0_c_double
-          acc_1_3 = 0.0_c_double
-          acc_1_4 = 0.0_c_double
-          acc_1_5 = 0.0_c_double
-          acc_1_6 = 0.0_c_double
-          acc_1_7 = 0.0_c_double
-          acc_2_0 = 0.0_c_double
-          acc_2_1 = 0.0_c_double
-          acc_2_2 = 0.0_c_double
-          acc_2_3 = 0.0_c_double
-          acc_2_4 = 0.0_c_double
-          acc_2_5 = 0.0_c_double
-          acc_2_6 = 0.0_c_double
-          acc_2_7 = 0.0_c_double
-          acc_3_0 = 0.0_c_double
-          acc_3_1 = 0.0_c_double
-          acc_3_2 = 0.0_c_double
-          acc_3_3 = 0.0_c_double
-          acc_3_4 = 0.0_c_double
-          acc_3_5 = 0.0_c_double
-          acc_3_6 = 0.0_c_double
-          acc_3_7 = 0.0_c_double
-          acc_4_0 = 0.0_c_double
-          acc_4_1 = 0.0_c_double
-          acc_4_2 = 0.0_c_double
-          acc_4_3 = 0.0_c_double
-          acc_4_4 = 0.0_c_double
-          acc_4_5 = 0.0_c_double
-          acc_4_6 = 0.0_c_double
-          acc_4_7 = 0.0_c_double
-          acc_5_0 = 0.0_c_double
-          acc_5_1 = 0.0_c_double
-          acc_5_2 = 0.0_c_double
-          acc_5_3 = 0.0_c_double
-          acc_5_4 = 0.0_c_double
-          acc_5_5 = 0.0_c_double
-          acc_5_6 = 0.0_c_double
-          acc_5_7 = 0.0_c_double
-          !GCC$ novector
-          do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_0_1 = acc_0_1 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_0_2 = acc_0_2 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_0_3 = acc_0_3 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_0_4 = acc_0_4 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_0_5 = acc_0_5 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_0_6 = acc_0_6 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_0_7 = acc_0_7 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_1_0 = acc_1_0 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_1_1 = acc_1_1 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_1_2 = acc_1_2 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_1_3 = acc_1_3 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_1_4 = acc_1_4 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_1_5 = acc_1_5 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_1_6 = acc_1_6 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_1_7 = acc_1_7 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_2_0 = acc_2_0 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_2_1 = acc_2_1 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_2_2 = acc_2_2 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_2_3 = acc_2_3 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_2_4 = acc_2_4 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_2_5 = acc_2_5 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_2_6 = acc_2_6 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_2_7 = acc_2_7 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_3_0 = acc_3_0 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_3_1 = acc_3_1 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_3_2 = acc_3_2 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_3_3 = acc_3_3 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_3_4 = acc_3_4 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_3_5 = acc_3_5 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_3_6 = acc_3_6 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_3_7 = acc_3_7 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_4_0 = acc_4_0 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_4_1 = acc_4_1 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_4_2 = acc_4_2 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_4_3 = acc_4_3 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_4_4 = acc_4_4 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_4_5 = acc_4_5 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_4_6 = acc_4_6 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_4_7 = acc_4_7 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_5_0 = acc_5_0 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_5_1 = acc_5_1 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_5_2 = acc_5_2 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_5_3 = acc_5_3 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_5_4 = acc_5_4 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_5_5 = acc_5_5 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_5_6 = acc_5_6 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_5_7 = acc_5_7 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do c_tile = 0, ((dm) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            mlp_dU_row0 = dff*(b*n + min(6*i_tile, n - 1))
+            mlp_dU_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+            mlp_dU_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+            mlp_dU_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+            mlp_dU_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+            mlp_dU_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
+            mlp_dV_row0 = dff*(b*n + min(6*i_tile, n - 1))
+            mlp_dV_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+            mlp_dV_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+            mlp_dV_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+            mlp_dV_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+            mlp_dV_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
+            acc_0_0 = 0.0_c_double
+            acc_0_1 = 0.0_c_double
+            acc_0_2 = 0.0_c_double
+            acc_0_3 = 0.0_c_double
+            acc_0_4 = 0.0_c_double
+            acc_0_5 = 0.0_c_double
+            acc_0_6 = 0.0_c_double
+            acc_0_7 = 0.0_c_double
+            acc_1_0 = 0.0_c_double
+            acc_1_1 = 0.0_c_double
+            acc_1_2 = 0.0_c_double
+            acc_1_3 = 0.0_c_double
+            acc_1_4 = 0.0_c_double
+            acc_1_5 = 0.0_c_double
+            acc_1_6 = 0.0_c_double
+            acc_1_7 = 0.0_c_double
+            acc_2_0 = 0.0_c_double
+            acc_2_1 = 0.0_c_double
+            acc_2_2 = 0.0_c_double
+            acc_2_3 = 0.0_c_double
+            acc_2_4 = 0.0_c_double
+            acc_2_5 = 0.0_c_double
+            acc_2_6 = 0.0_c_double
+            acc_2_7 = 0.0_c_double
+            acc_3_0 = 0.0_c_double
+            acc_3_1 = 0.0_c_double
+            acc_3_2 = 0.0_c_double
+            acc_3_3 = 0.0_c_double
+            acc_3_4 = 0.0_c_double
+            acc_3_5 = 0.0_c_double
+            acc_3_6 = 0.0_c_double
+            acc_3_7 = 0.0_c_double
+            acc_4_0 = 0.0_c_double
+            acc_4_1 = 0.0_c_double
+            acc_4_2 = 0.0_c_double
+            acc_4_3 = 0.0_c_double
+            acc_4_4 = 0.0_c_double
+            acc_4_5 = 0.0_c_double
+            acc_4_6 = 0.0_c_double
+            acc_4_7 = 0.0_c_double
+            acc_5_0 = 0.0_c_double
+            acc_5_1 = 0.0_c_double
+            acc_5_2 = 0.0_c_double
+            acc_5_3 = 0.0_c_double
+            acc_5_4 = 0.0_c_double
+            acc_5_5 = 0.0_c_double
+            acc_5_6 = 0.0_c_double
+            acc_5_7 = 0.0_c_double
+            !GCC$ novector
+            do e = 0, dff - 1
+              acc_0_0 = acc_0_0 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                  & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_0_1 = acc_0_1 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_0_2 = acc_0_2 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_0_3 = acc_0_3 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_0_4 = acc_0_4 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_0_5 = acc_0_5 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_0_6 = acc_0_6 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_0_7 = acc_0_7 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_1_0 = acc_1_0 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                  & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_1_1 = acc_1_1 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_1_2 = acc_1_2 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_1_3 = acc_1_3 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_1_4 = acc_1_4 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_1_5 = acc_1_5 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_1_6 = acc_1_6 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_1_7 = acc_1_7 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_2_0 = acc_2_0 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                  & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_2_1 = acc_2_1 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_2_2 = acc_2_2 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_2_3 = acc_2_3 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_2_4 = acc_2_4 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_2_5 = acc_2_5 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_2_6 = acc_2_6 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_2_7 = acc_2_7 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_3_0 = acc_3_0 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                  & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_3_1 = acc_3_1 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_3_2 = acc_3_2 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_3_3 = acc_3_3 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_3_4 = acc_3_4 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_3_5 = acc_3_5 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_3_6 = acc_3_6 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_3_7 = acc_3_7 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_4_0 = acc_4_0 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                  & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_4_1 = acc_4_1 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_4_2 = acc_4_2 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_4_3 = acc_4_3 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_4_4 = acc_4_4 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_4_5 = acc_4_5 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_4_6 = acc_4_6 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_4_7 = acc_4_7 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_5_0 = acc_5_0 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                  & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_5_1 = acc_5_1 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_5_2 = acc_5_2 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_5_3 = acc_5_3 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_5_4 = acc_5_4 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_5_5 = acc_5_5 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_5_6 = acc_5_6 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_5_7 = acc_5_7 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            end do
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 2) = acc_0_2
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 3) = acc_0_3
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 4) = acc_0_4
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 5) = acc_0_5
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 6) = acc_0_6
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 7) = acc_0_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1))) = acc_1_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2))) = acc_2_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3))) = acc_3_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4))) = acc_4_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5))) = acc_5_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
         end do
       end do
     end do
@@ -3670,8 +3676,8 @@ contains
     real(c_float), intent(out) :: qkv_dK_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_float), intent(out) :: qkv_dV_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_float), intent(out) :: norm1_dweight_part(0:16 * dm - 1)
-    integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_tile, c_tile, i_part, m, h, m_tile, j, &
-        & mlp_WdT_panel_row, dy_row0, dy_row1, dy_row2, dy_row3, dy_row4, dy_row5, &
+    integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_blk, i_tile, c_tile, i_part, m, h, m_tile, &
+        & j, mlp_WdT_panel_row, dy_row0, dy_row1, dy_row2, dy_row3, dy_row4, dy_row5, &
         & mlp_Wu_panel_row, xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, U_row, &
         & mlp_WgT_panel_row, mlp_WuT_panel_row, mlp_dU_row0, mlp_dU_row1, mlp_dU_row2, &
         & mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, mlp_dV_row1, mlp_dV_row2, &
@@ -3730,170 +3736,172 @@ contains
     end do
     !$omp end parallel do
     ! mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
-    ! for b, e_tile (parallel) / i_tile / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, dy_row0, dy_row1, dy_row2, &
-    !$omp& dy_row3, dy_row4, dy_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
-    !$omp& acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
-    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
-    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-    !$omp& acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, dy_row0, dy_row1, &
+    !$omp& dy_row2, dy_row3, dy_row4, dy_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
+    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do e_tile = 0, ((dff) / 8) - 1
-        do i_tile = 0, ((n + 5) / 6) - 1
-          dy_row0 = dm*(b*n + min(6*i_tile, n - 1))
-          dy_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
-          dy_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
-          dy_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
-          dy_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
-          dy_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
-          acc_0_0 = 0.0_c_float
-          acc_0_1 = 0.0_c_float
-          acc_0_2 = 0.0_c_float
-          acc_0_3 = 0.0_c_float
-          acc_0_4 = 0.0_c_float
-          acc_0_5 = 0.0_c_float
-          acc_0_6 = 0.0_c_float
-          acc_0_7 = 0.0_c_float
-          acc_1_0 = 0.0_c_float
-          acc_1_1 = 0.0_c_float
-          acc_1_2 = 0.0_c_float
-          acc_1_3 = 0.0_c_float
-          acc_1_4 = 0.0_c_float
-          acc_1_5 = 0.0_c_float
-          acc_1_6 = 0.0_c_float
-          acc_1_7 = 0.0_c_float
-          acc_2_0 = 0.0_c_float
-          acc_2_1 = 0.0_c_float
-          acc_2_2 = 0.0_c_float
-          acc_2_3 = 0.0_c_float
-          acc_2_4 = 0.0_c_float
-          acc_2_5 = 0.0_c_float
-          acc_2_6 = 0.0_c_float
-          acc_2_7 = 0.0_c_float
-          acc_3_0 = 0.0_c_float
-          acc_3_1 = 0.0_c_float
-          acc_3_2 = 0.0_c_float
-          acc_3_3 = 0.0_c_float
-          acc_3_4 = 0.0_c_float
-          acc_3_5 = 0.0_c_float
-          acc_3_6 = 0.0_c_float
-          acc_3_7 = 0.0_c_float
-          acc_4_0 = 0.0_c_float
-          acc_4_1 = 0.0_c_float
-          acc_4_2 = 0.0_c_float
-          acc_4_3 = 0.0_c_float
-          acc_4_4 = 0.0_c_float
-          acc_4_5 = 0.0_c_float
-          acc_4_6 = 0.0_c_float
-          acc_4_7 = 0.0_c_float
-          acc_5_0 = 0.0_c_float
-          acc_5_1 = 0.0_c_float
-          acc_5_2 = 0.0_c_float
-          acc_5_3 = 0.0_c_float
-          acc_5_4 = 0.0_c_float
-          acc_5_5 = 0.0_c_float
-          acc_5_6 = 0.0_c_float
-          acc_5_7 = 0.0_c_float
-          !GCC$ novector
-          do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do e_tile = 0, ((dff) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            dy_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            dy_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            dy_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            dy_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            dy_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            dy_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
+            acc_0_0 = 0.0_c_float
+            acc_0_1 = 0.0_c_float
+            acc_0_2 = 0.0_c_float
+            acc_0_3 = 0.0_c_float
+            acc_0_4 = 0.0_c_float
+            acc_0_5 = 0.0_c_float
+            acc_0_6 = 0.0_c_float
+            acc_0_7 = 0.0_c_float
+            acc_1_0 = 0.0_c_float
+            acc_1_1 = 0.0_c_float
+            acc_1_2 = 0.0_c_float
+            acc_1_3 = 0.0_c_float
+            acc_1_4 = 0.0_c_float
+            acc_1_5 = 0.0_c_float
+            acc_1_6 = 0.0_c_float
+            acc_1_7 = 0.0_c_float
+            acc_2_0 = 0.0_c_float
+            acc_2_1 = 0.0_c_float
+            acc_2_2 = 0.0_c_float
+            acc_2_3 = 0.0_c_float
+            acc_2_4 = 0.0_c_float
+            acc_2_5 = 0.0_c_float
+            acc_2_6 = 0.0_c_float
+            acc_2_7 = 0.0_c_float
+            acc_3_0 = 0.0_c_float
+            acc_3_1 = 0.0_c_float
+            acc_3_2 = 0.0_c_float
+            acc_3_3 = 0.0_c_float
+            acc_3_4 = 0.0_c_float
+            acc_3_5 = 0.0_c_float
+            acc_3_6 = 0.0_c_float
+            acc_3_7 = 0.0_c_float
+            acc_4_0 = 0.0_c_float
+            acc_4_1 = 0.0_c_float
+            acc_4_2 = 0.0_c_float
+            acc_4_3 = 0.0_c_float
+            acc_4_4 = 0.0_c_float
+            acc_4_5 = 0.0_c_float
+            acc_4_6 = 0.0_c_float
+            acc_4_7 = 0.0_c_float
+            acc_5_0 = 0.0_c_float
+            acc_5_1 = 0.0_c_float
+            acc_5_2 = 0.0_c_float
+            acc_5_3 = 0.0_c_float
+            acc_5_4 = 0.0_c_float
+            acc_5_5 = 0.0_c_float
+            acc_5_6 = 0.0_c_float
+            acc_5_7 = 0.0_c_float
+            !GCC$ novector
+            do c = 0, dm - 1
+              acc_0_0 = acc_0_0 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+              acc_0_1 = acc_0_1 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+              acc_1_0 = acc_1_0 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+              acc_1_1 = acc_1_1 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+              acc_2_0 = acc_2_0 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+              acc_2_1 = acc_2_1 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+              acc_3_0 = acc_3_0 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+              acc_3_1 = acc_3_1 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+              acc_4_0 = acc_4_0 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+              acc_4_1 = acc_4_1 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+              acc_5_0 = acc_5_0 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
+              acc_5_1 = acc_5_1 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+            end do
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
           end do
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-          mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
-          mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
         end do
       end do
     end do
@@ -3928,8 +3936,8 @@ contains
     end do
     !$omp end parallel do
     ! mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
-    ! for b, e_tile (parallel) / i_tile / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, xn2_row0, xn2_row1, &
+    ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, xn2_row0, xn2_row1, &
     !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
     !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
     !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
@@ -3937,161 +3945,163 @@ contains
     !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
     !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do e_tile = 0, ((dff) / 8) - 1
-        do i_tile = 0, ((n + 5) / 6) - 1
-          xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
-          xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
-          xn2_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
-          xn2_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
-          xn2_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
-          xn2_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
-          acc_0_0 = 0.0_c_float
-          acc_0_1 = 0.0_c_float
-          acc_0_2 = 0.0_c_float
-          acc_0_3 = 0.0_c_float
-          acc_0_4 = 0.0_c_float
-          acc_0_5 = 0.0_c_float
-          acc_0_6 = 0.0_c_float
-          acc_0_7 = 0.0_c_float
-          acc_1_0 = 0.0_c_float
-          acc_1_1 = 0.0_c_float
-          acc_1_2 = 0.0_c_float
-          acc_1_3 = 0.0_c_float
-          acc_1_4 = 0.0_c_float
-          acc_1_5 = 0.0_c_float
-          acc_1_6 = 0.0_c_float
-          acc_1_7 = 0.0_c_float
-          acc_2_0 = 0.0_c_float
-          acc_2_1 = 0.0_c_float
-          acc_2_2 = 0.0_c_float
-          acc_2_3 = 0.0_c_float
-          acc_2_4 = 0.0_c_float
-          acc_2_5 = 0.0_c_float
-          acc_2_6 = 0.0_c_float
-          acc_2_7 = 0.0_c_float
-          acc_3_0 = 0.0_c_float
-          acc_3_1 = 0.0_c_float
-          acc_3_2 = 0.0_c_float
-          acc_3_3 = 0.0_c_float
-          acc_3_4 = 0.0_c_float
-          acc_3_5 = 0.0_c_float
-          acc_3_6 = 0.0_c_float
-          acc_3_7 = 0.0_c_float
-          acc_4_0 = 0.0_c_float
-          acc_4_1 = 0.0_c_float
-          acc_4_2 = 0.0_c_float
-          acc_4_3 = 0.0_c_float
-          acc_4_4 = 0.0_c_float
-          acc_4_5 = 0.0_c_float
-          acc_4_6 = 0.0_c_float
-          acc_4_7 = 0.0_c_float
-          acc_5_0 = 0.0_c_float
-          acc_5_1 = 0.0_c_float
-          acc_5_2 = 0.0_c_float
-          acc_5_3 = 0.0_c_float
-          acc_5_4 = 0.0_c_float
-          acc_5_5 = 0.0_c_float
-          acc_5_6 = 0.0_c_float
-          acc_5_7 = 0.0_c_float
-          !GCC$ novector
-          do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-            acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-            acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-            acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-            acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-            acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-            acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-            acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-            acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-            acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-            acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-            acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-            acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-            acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-            acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-            acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-            acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-            acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-            acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-            acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-            acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do e_tile = 0, ((dff) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
+            xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
+            xn2_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
+            xn2_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
+            xn2_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
+            xn2_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
+            acc_0_0 = 0.0_c_float
+            acc_0_1 = 0.0_c_float
+            acc_0_2 = 0.0_c_float
+            acc_0_3 = 0.0_c_float
+            acc_0_4 = 0.0_c_float
+            acc_0_5 = 0.0_c_float
+            acc_0_6 = 0.0_c_float
+            acc_0_7 = 0.0_c_float
+            acc_1_0 = 0.0_c_float
+            acc_1_1 = 0.0_c_float
+            acc_1_2 = 0.0_c_float
+            acc_1_3 = 0.0_c_float
+            acc_1_4 = 0.0_c_float
+            acc_1_5 = 0.0_c_float
+            acc_1_6 = 0.0_c_float
+            acc_1_7 = 0.0_c_float
+            acc_2_0 = 0.0_c_float
+            acc_2_1 = 0.0_c_float
+            acc_2_2 = 0.0_c_float
+            acc_2_3 = 0.0_c_float
+            acc_2_4 = 0.0_c_float
+            acc_2_5 = 0.0_c_float
+            acc_2_6 = 0.0_c_float
+            acc_2_7 = 0.0_c_float
+            acc_3_0 = 0.0_c_float
+            acc_3_1 = 0.0_c_float
+            acc_3_2 = 0.0_c_float
+            acc_3_3 = 0.0_c_float
+            acc_3_4 = 0.0_c_float
+            acc_3_5 = 0.0_c_float
+            acc_3_6 = 0.0_c_float
+            acc_3_7 = 0.0_c_float
+            acc_4_0 = 0.0_c_float
+            acc_4_1 = 0.0_c_float
+            acc_4_2 = 0.0_c_float
+            acc_4_3 = 0.0_c_float
+            acc_4_4 = 0.0_c_float
+            acc_4_5 = 0.0_c_float
+            acc_4_6 = 0.0_c_float
+            acc_4_7 = 0.0_c_float
+            acc_5_0 = 0.0_c_float
+            acc_5_1 = 0.0_c_float
+            acc_5_2 = 0.0_c_float
+            acc_5_3 = 0.0_c_float
+            acc_5_4 = 0.0_c_float
+            acc_5_5 = 0.0_c_float
+            acc_5_6 = 0.0_c_float
+            acc_5_7 = 0.0_c_float
+            !GCC$ novector
+            do c = 0, dm - 1
+              acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+              acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+              acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+              acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+              acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+              acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+              acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+              acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+              acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+              acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+              acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
+              acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+            end do
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
           end do
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-          mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
-          mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
         end do
       end do
     end do
@@ -4187,225 +4197,227 @@ contains
     end do
     !$omp end parallel do
     ! mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
-    ! for b, c_tile (parallel) / i_tile / e (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, mlp_dU_row0, mlp_dU_row1, &
-    !$omp& mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, mlp_dV_row1, &
-    !$omp& mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    ! for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
+    !$omp parallel do collapse(2) schedule(static) private(c_tile, i_tile, e, mlp_dU_row0, &
+    !$omp& mlp_dU_row1, mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, &
+    !$omp& mlp_dV_row1, mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do c_tile = 0, ((dm) / 8) - 1
-        do i_tile = 0, ((n + 5) / 6) - 1
-          mlp_dU_row0 = dff*(b*n + min(6*i_tile, n - 1))
-          mlp_dU_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
-          mlp_dU_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
-          mlp_dU_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
-          mlp_dU_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
-          mlp_dU_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
-          mlp_dV_row0 = dff*(b*n + min(6*i_tile, n - 1))
-          mlp_dV_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
-          mlp_dV_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
-          mlp_dV_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
-          mlp_dV_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
-          mlp_dV_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
-          acc_0_0 = 0.0_c_float
-          acc_0_1 = 0.0_c_float
-          acc_0_2 = 0.0_c_float
-          acc_0_3 = 0.0_c_float
-          acc_0_4 = 0.0_c_float
-          acc_0_5 = 0.0_c_float
-          acc_0_6 = 0.0_c_float
-          acc_0_7 = 0.0_c_float
-          acc_1_0 = 0.0_c_float
-          acc_1_1 = 0.0_c_float
-          acc_1_2 = 0.0_c_float
-          acc_1_3 = 0.0_c_float
-          acc_1_4 = 0.0_c_float
-          acc_1_5 = 0.0_c_float
-          acc_1_6 = 0.0_c_float
-          acc_1_7 = 0.0_c_float
-          acc_2_0 = 0.0_c_float
-          acc_2_1 = 0.0_c_float
-          acc_2_2 = 0.0_c_float
-          acc_2_3 = 0.0_c_float
-          acc_2_4 = 0.0_c_float
-          acc_2_5 = 0.0_c_float
-          acc_2_6 = 0.0_c_float
-          acc_2_7 = 0.0_c_float
-          acc_3_0 = 0.0_c_float
-          acc_3_1 = 0.0_c_float
-          acc_3_2 = 0.0_c_float
-          acc_3_3 = 0.0_c_float
-          acc_3_4 = 0.0_c_float
-          acc_3_5 = 0.0_c_float
-          acc_3_6 = 0.0_c_float
-          acc_3_7 = 0.0_c_float
-          acc_4_0 = 0.0_c_float
-          acc_4_1 = 0.0_c_float
-          acc_4_2 = 0.0_c_float
-          acc_4_3 = 0.0_c_float
-          acc_4_4 = 0.0_c_float
-          acc_4_5 = 0.0_c_float
-          acc_4_6 = 0.0_c_float
-          acc_4_7 = 0.0_c_float
-          acc_5_0 = 0.0_c_float
-          acc_5_1 = 0.0_c_float
-          acc_5_2 = 0.0_c_float
-          acc_5_3 = 0.0_c_float
-          acc_5_4 = 0.0_c_float
-          acc_5_5 = 0.0_c_float
-          acc_5_6 = 0.0_c_float
-          acc_5_7 = 0.0_c_float
-          !GCC$ novector
-          do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_0_1 = acc_0_1 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_0_2 = acc_0_2 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_0_3 = acc_0_3 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_0_4 = acc_0_4 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_0_5 = acc_0_5 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_0_6 = acc_0_6 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_0_7 = acc_0_7 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_1_0 = acc_1_0 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_1_1 = acc_1_1 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_1_2 = acc_1_2 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_1_3 = acc_1_3 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_1_4 = acc_1_4 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_1_5 = acc_1_5 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_1_6 = acc_1_6 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_1_7 = acc_1_7 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_2_0 = acc_2_0 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_2_1 = acc_2_1 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_2_2 = acc_2_2 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_2_3 = acc_2_3 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_2_4 = acc_2_4 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_2_5 = acc_2_5 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_2_6 = acc_2_6 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_2_7 = acc_2_7 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_3_0 = acc_3_0 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_3_1 = acc_3_1 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_3_2 = acc_3_2 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_3_3 = acc_3_3 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_3_4 = acc_3_4 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_3_5 = acc_3_5 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_3_6 = acc_3_6 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_3_7 = acc_3_7 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_4_0 = acc_4_0 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_4_1 = acc_4_1 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_4_2 = acc_4_2 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_4_3 = acc_4_3 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_4_4 = acc_4_4 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_4_5 = acc_4_5 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_4_6 = acc_4_6 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_4_7 = acc_4_7 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-            acc_5_0 = acc_5_0 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-            acc_5_1 = acc_5_1 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-            acc_5_2 = acc_5_2 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-            acc_5_3 = acc_5_3 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-            acc_5_4 = acc_5_4 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-            acc_5_5 = acc_5_5 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-            acc_5_6 = acc_5_6 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-            acc_5_7 = acc_5_7 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do c_tile = 0, ((dm) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            mlp_dU_row0 = dff*(b*n + min(6*i_tile, n - 1))
+            mlp_dU_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+            mlp_dU_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+            mlp_dU_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+            mlp_dU_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+            mlp_dU_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
+            mlp_dV_row0 = dff*(b*n + min(6*i_tile, n - 1))
+            mlp_dV_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
+            mlp_dV_row2 = dff*(b*n + min(n - 1, 6*i_tile + 2))
+            mlp_dV_row3 = dff*(b*n + min(n - 1, 6*i_tile + 3))
+            mlp_dV_row4 = dff*(b*n + min(n - 1, 6*i_tile + 4))
+            mlp_dV_row5 = dff*(b*n + min(n - 1, 6*i_tile + 5))
+            acc_0_0 = 0.0_c_float
+            acc_0_1 = 0.0_c_float
+            acc_0_2 = 0.0_c_float
+            acc_0_3 = 0.0_c_float
+            acc_0_4 = 0.0_c_float
+            acc_0_5 = 0.0_c_float
+            acc_0_6 = 0.0_c_float
+            acc_0_7 = 0.0_c_float
+            acc_1_0 = 0.0_c_float
+            acc_1_1 = 0.0_c_float
+            acc_1_2 = 0.0_c_float
+            acc_1_3 = 0.0_c_float
+            acc_1_4 = 0.0_c_float
+            acc_1_5 = 0.0_c_float
+            acc_1_6 = 0.0_c_float
+            acc_1_7 = 0.0_c_float
+            acc_2_0 = 0.0_c_float
+            acc_2_1 = 0.0_c_float
+            acc_2_2 = 0.0_c_float
+            acc_2_3 = 0.0_c_float
+            acc_2_4 = 0.0_c_float
+            acc_2_5 = 0.0_c_float
+            acc_2_6 = 0.0_c_float
+            acc_2_7 = 0.0_c_float
+            acc_3_0 = 0.0_c_float
+            acc_3_1 = 0.0_c_float
+            acc_3_2 = 0.0_c_float
+            acc_3_3 = 0.0_c_float
+            acc_3_4 = 0.0_c_float
+            acc_3_5 = 0.0_c_float
+            acc_3_6 = 0.0_c_float
+            acc_3_7 = 0.0_c_float
+            acc_4_0 = 0.0_c_float
+            acc_4_1 = 0.0_c_float
+            acc_4_2 = 0.0_c_float
+            acc_4_3 = 0.0_c_float
+            acc_4_4 = 0.0_c_float
+            acc_4_5 = 0.0_c_float
+            acc_4_6 = 0.0_c_float
+            acc_4_7 = 0.0_c_float
+            acc_5_0 = 0.0_c_float
+            acc_5_1 = 0.0_c_float
+            acc_5_2 = 0.0_c_float
+            acc_5_3 = 0.0_c_float
+            acc_5_4 = 0.0_c_float
+            acc_5_5 = 0.0_c_float
+            acc_5_6 = 0.0_c_float
+            acc_5_7 = 0.0_c_float
+            !GCC$ novector
+            do e = 0, dff - 1
+              acc_0_0 = acc_0_0 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                  & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_0_1 = acc_0_1 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_0_2 = acc_0_2 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_0_3 = acc_0_3 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_0_4 = acc_0_4 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_0_5 = acc_0_5 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_0_6 = acc_0_6 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_0_7 = acc_0_7 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
+                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_1_0 = acc_1_0 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                  & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_1_1 = acc_1_1 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_1_2 = acc_1_2 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_1_3 = acc_1_3 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_1_4 = acc_1_4 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_1_5 = acc_1_5 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_1_6 = acc_1_6 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_1_7 = acc_1_7 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
+                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_2_0 = acc_2_0 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                  & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_2_1 = acc_2_1 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_2_2 = acc_2_2 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_2_3 = acc_2_3 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_2_4 = acc_2_4 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_2_5 = acc_2_5 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_2_6 = acc_2_6 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_2_7 = acc_2_7 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
+                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_3_0 = acc_3_0 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                  & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_3_1 = acc_3_1 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_3_2 = acc_3_2 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_3_3 = acc_3_3 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_3_4 = acc_3_4 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_3_5 = acc_3_5 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_3_6 = acc_3_6 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_3_7 = acc_3_7 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
+                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_4_0 = acc_4_0 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                  & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_4_1 = acc_4_1 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_4_2 = acc_4_2 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_4_3 = acc_4_3 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_4_4 = acc_4_4 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_4_5 = acc_4_5 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_4_6 = acc_4_6 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_4_7 = acc_4_7 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
+                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_5_0 = acc_5_0 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
+                  & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_5_1 = acc_5_1 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_5_2 = acc_5_2 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_5_3 = acc_5_3 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_5_4 = acc_5_4 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_5_5 = acc_5_5 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_5_6 = acc_5_6 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_5_7 = acc_5_7 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
+                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            end do
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 2) = acc_0_2
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 3) = acc_0_3
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 4) = acc_0_4
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 5) = acc_0_5
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 6) = acc_0_6
-          dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 7) = acc_0_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1))) = acc_1_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2))) = acc_2_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3))) = acc_3_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4))) = acc_4_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5))) = acc_5_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
         end do
       end do
     end do

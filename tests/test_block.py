@@ -80,7 +80,7 @@ def test_every_step_of_the_new_schedules_keeps_the_value(kernel, variant):
 # ---- register tiles -------------------------------------------------------------------
 
 def test_register_tile_keeps_mr_by_nr_accumulators_and_an_edge_for_the_last_columns():
-    onf = onf_of("mlp_fwd", "tiled", params={"row_block": 96})
+    onf = onf_of("mlp_fwd", "tiled")
     nests = {n.label: n for n in onf.nests}
     assert [n.label for n in onf.nests][:3] == ["U.pack_Wg", "U", "U.edge"]
     tile, edge, pack = nests["U"], nests["U.edge"], nests["U.pack_Wg"]

@@ -14,8 +14,9 @@ from moagen.kernels import get_kernel
 
 def test_defaults_space_and_candidates():
     tiled = get_kernel("mlp_fwd").variant("tiled")
-    assert tiled.params({"mr": 4}) == {"mr": 4, "nr": 8, "row_block": 0}
-    assert tiled.params({"mr": 4}, "cuda") == {"mr": 4, "nr": 8, "row_block": 96}
+    assert tiled.params({"mr": 4}) == {"mr": 4, "nr": 8, "row_block": 96}
+    assert get_kernel("attention_fwd").variant("online").params({"rows": 2}, "cuda") == \
+        {"rows": 2, "keys": 4}
     with pytest.raises(UnknownNameError, match="no schedule parameter rows"):
         tiled.params({"rows": 4})
     tried = tune.candidates(tiled)
