@@ -107,24 +107,37 @@ def _predict(kernel, variant, dtype, params) -> Cost:
     view = counting_view(onf)
     return Cost(kernel=onf.name, variant=onf.variant, dtype=check_dtype(dtype), sizes=onf.sizes,
                 ops=count_ops(view.nests), traffic=nest_traffic(view.nests),
-                minimum=minimum_traffic(view.nests),
+                minimum=_each_element_once(minimum_traffic(view.nests), onf),
                 scratch={b.name: sympy.Mul(*b.shape) for b in onf.temps},
                 atomics=atomic_updates(onf), working_set=_largest(working_set(view.nests)),
                 assumptions=view.assumptions)
 
 
 def _largest(candidates) -> sympy.Expr:
-    """Max of the candidates, less those another is at least for every size >= 1 (shown by
-    the difference having no negative coefficient once each size s is written 1 + s)."""
+    """Max of the candidates, less those another is at least for every size >= 1."""
     if not candidates:
         return sympy.Integer(0)
-    shift = {s: s + 1 for c in candidates for s in c.free_symbols}
-
-    def covers(big, small):
-        difference = sympy.expand((big - small).xreplace(shift))
-        coefficients = sympy.Poly(difference, *shift).coeffs() if shift else [difference]
-        return all(c >= 0 for c in coefficients)
-
     kept = [c for c in candidates
-            if not any(other != c and covers(other, c) for other in candidates)]
+            if not any(other != c and at_least(other, c) for other in candidates)]
     return sympy.Max(*kept)
+
+
+def at_least(big, small) -> bool:
+    """Whether big >= small for every size >= 1: shown by the difference having no negative
+    coefficient once each size s is written 1 + s (False where that does not show it)."""
+    shift = {s: s + 1 for s in (big - small).free_symbols}
+    difference = sympy.expand((big - small).xreplace(shift))
+    try:
+        coefficients = sympy.Poly(difference, *shift).coeffs() if shift else [difference]
+    except sympy.PolynomialError:  # idiv, Min: not a polynomial in the sizes
+        return False
+    return all(c >= 0 for c in coefficients)
+
+
+def _each_element_once(minimum, onf) -> Dict[str, Moved]:
+    """With an infinite cache an element moves at most once each way: where the regions
+    over-count an array (two index forms of it, taken disjoint: the owner's K read as j in
+    the forward and as p + parts j_in in the key rows' pass), its size is the count."""
+    sizes = {b.name: sympy.Mul(*b.shape) for b in onf.inputs + onf.outputs + onf.temps}
+    at_most = lambda n, array: sizes[array] if at_least(n, sizes[array]) else n
+    return {a: Moved(at_most(m.read, a), at_most(m.written, a)) for a, m in minimum.items()}
