@@ -42,3 +42,14 @@ def test_every_baseline_says_in_one_line_what_it_computes(kernel):
 def test_compiled_baseline_agrees_on_a_small_kernel():
     """torch.compile of the same function (Inductor's C++): one kernel, a tiny size."""
     assert _agreement("rmsnorm_fwd", "compiled") <= 1e-12
+
+
+def test_the_report_names_what_each_baseline_computes_and_its_compile():
+    from moagen.bench import report
+    base = dict(record="result", kernel="attention_decode", sizes=dict(n=8), variant=None)
+    text = report.baselines([dict(base, lang="torch"), dict(base, lang="compiled", compile_s=2.5),
+                             dict(base, lang="c", variant="online")])
+    lines = text.splitlines()
+    assert len(lines) == 2 and "enable_gqa=True" in lines[0] and "no lse" in lines[0]
+    assert lines[1].startswith("- attention_decode, compiled: torch.compile of")
+    assert lines[1].endswith("(first call, compiling: 2.5 s at n 8)")

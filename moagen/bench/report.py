@@ -70,19 +70,19 @@ def table(results) -> str:
 
 
 def baselines(results) -> str:
-    """Per kernel, what each baseline measured computes (and leaves out), and how long
-    torch.compile took where it ran."""
-    seen = {}
+    """Per kernel, what each baseline measured computes (and leaves out), and how long its
+    first call took where that call compiled (torch.compile)."""
+    what, compiling = {}, defaultdict(list)
     for r in results:
         if r["lang"] in cases.BASELINES:
-            what = r.get("computes") or cases.computes(r["kernel"], r["lang"])
-            compile_s = seen.get((r["kernel"], r["lang"]), (None, []))[1]
+            key = r["kernel"], r["lang"]
+            what[key] = r.get("computes") or cases.computes(*key)
             if r.get("compile_s") is not None:
-                compile_s.append(f"{r['compile_s']:.1f} s at n {r['sizes']['n']}")
-            seen[(r["kernel"], r["lang"])] = (what, compile_s)
-    return "\n".join(f"- {kernel}, {lang}: {what}" +
-                     (f" (first call, compiling: {', '.join(times)})" if times else "")
-                     for (kernel, lang), (what, times) in seen.items())
+                compiling[key].append(f"{r['compile_s']:.1f} s at n {r['sizes']['n']}")
+    return "\n".join(f"- {kernel}, {lang}: {text}" +
+                     (f" (first call, compiling: {', '.join(compiling[kernel, lang])})"
+                      if compiling[kernel, lang] else "")
+                     for (kernel, lang), text in what.items())
 
 
 def write(path, run=None, out_dir=None) -> Path:
