@@ -52,6 +52,8 @@ def test_summary_has_ratios_and_plots(quick_run):
     folder = out.with_suffix("")
     text = (folder / "summary.md").read_text()
     assert "numpy/this" in text and "| rmsnorm_fwd | dnf c (rows=1) | 64 | 1 |" in text
+    # what each baseline computes, from the kernel's declaration
+    assert "- rmsnorm_fwd, torch: z and inv_rms" in text and "- rmsnorm_fwd, numpy: every" in text
     dnf = next(line.split(" | ") for line in text.splitlines() if "| dnf c" in line)
     header = next(line.split(" | ") for line in text.splitlines() if line.startswith("| kernel"))
     record = next(json.loads(line) for line in out.read_text().splitlines()
@@ -68,9 +70,10 @@ def test_ratios_pair_each_result_with_baselines_of_its_own_setting():
     rows = report.with_ratios([dict(base, lang="c", variant="v", median_s=2.0),
                                dict(base, lang="numpy", variant=None, median_s=6.0),
                                dict(base, lang="torch", variant=None, median_s=1.0),
+                               dict(base, lang="compiled", variant=None, median_s=4.0),
                                dict(base, lang="c", variant="v", median_s=3.0, threads=1)])
-    assert rows[0]["ratios"] == {"numpy": 3.0, "torch": 0.5}
-    assert rows[3]["ratios"] == {}  # no baseline measured at 1 thread
+    assert rows[0]["ratios"] == {"numpy": 3.0, "torch": 0.5, "compiled": 2.0}
+    assert rows[4]["ratios"] == {}  # no baseline measured at 1 thread
 
 
 def test_time_calls_round_robin_after_warmup():
@@ -205,11 +208,14 @@ def test_restrict_ablation_compares_machine_code(session_build_dir):
 
 
 def test_the_baselines_that_run_are_chosen():
-    """At long lengths numpy's attention takes minutes a call: torch alone, or none."""
-    def baselines(names):
-        jobs = suite.plan(["rmsnorm_fwd:dnf"], ["c"], [1], lengths=[64], baselines=names)
+    """At long lengths numpy's attention takes minutes a call: torch alone, or none; the
+    compiled baseline (tens of seconds of compiling) only when asked for."""
+    def baselines(names=None):
+        jobs = suite.plan(["rmsnorm_fwd:dnf"], ["c"], [1], lengths=[64],
+                          **({} if names is None else dict(baselines=names)))
         return [impl[0] for job in jobs for group in job.groups for impl in group["impls"]
                 if impl[0] in cases.BASELINES]
-    assert baselines(cases.BASELINES) == ["numpy", "torch"]
+    assert baselines() == ["numpy", "torch"]
+    assert baselines(cases.BASELINES) == ["numpy", "torch", "compiled"]
     assert baselines(("torch",)) == ["torch"]
     assert baselines(()) == []

@@ -1,12 +1,16 @@
 """What a sweep runs: each kernel's sizes as a function of one length n, and the callables
-timed on the same inputs: generated kernels per language (moagen.targets) and the numpy and
-PyTorch references, which compute the same outputs. Each kernel's module declares its sizes,
-lengths and references (its `bench` and `check`, moagen.kernels.cases)."""
+timed on the same inputs: generated kernels per language (moagen.targets) and the baselines:
+the numpy reference, and the PyTorch a user would write, eager (`torch`) and compiled by
+torch.compile (`compiled`: Inductor, C++ and OpenMP on a CPU). Each kernel's module declares
+its sizes, lengths, references and PyTorch baseline (its `bench` and `check`,
+moagen.kernels.cases)."""
 import numpy as np
 
 from moagen.errors import DeviceUnavailable, UnknownNameError
 
-BASELINES = ("numpy", "torch")
+BASELINES = ("numpy", "torch", "compiled")
+# compiled is asked for by name: Inductor takes tens of seconds per kernel and shape
+DEFAULT_BASELINES = ("numpy", "torch")
 
 
 def _bench(kernel: str):
@@ -84,10 +88,39 @@ def kernel_callable(kernel: str, variant: str, lang: str, dtype: str, params=Non
     parameters over the variant's defaults) or a baseline."""
     from moagen import runtime
     from moagen.kernels import get_kernel
-    if lang in BASELINES:
+    if lang == "numpy":
         reference = get_kernel(kernel).check.references[lang]
         return lambda *args, out=None, **kw: reference(*args, **kw)
+    if lang in BASELINES:
+        return _on_tensors(_torch_baseline(kernel, compiled=lang == "compiled"))
     return runtime.load(kernel, variant, lang, dtype, params, tuned=False)
+
+
+def computes(kernel: str, baseline: str) -> str:
+    """One line: what a baseline computes for this kernel."""
+    from moagen.kernels import get_kernel
+    if baseline == "numpy":
+        return "every output, by the numpy verification reference"
+    what = get_kernel(kernel).bench.torch.computes
+    return what if baseline == "torch" else f"torch.compile of the torch baseline: {what}"
+
+
+def _torch_baseline(kernel: str, compiled: bool):
+    from moagen.kernels import get_kernel
+    fn = get_kernel(kernel).bench.torch.function()
+    if not compiled:
+        return fn
+    import torch
+    # a fresh compile per kernel and shape (static shapes): what the timing measures is the
+    # code Inductor generates for exactly these sizes, its compile left to the warm-up
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
+
+
+def _on_tensors(fn):
+    """The baseline over the numpy inputs, shared with torch without a copy."""
+    import torch
+    return lambda *args, out=None, **kw: fn(*map(torch.from_numpy, args), **kw)
 
 
 def outputs(fn, sizes):

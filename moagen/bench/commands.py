@@ -2,7 +2,7 @@
 `moagen report` and `moagen slurm`; moagen/cli.py adds them to its own."""
 from pathlib import Path
 
-from moagen.bench.cases import BASELINES
+from moagen.bench.cases import BASELINES, DEFAULT_BASELINES
 from moagen.bench.suite import DEFAULT_OUT
 
 
@@ -25,8 +25,11 @@ def add_parsers(bench, benchmarks, top):
     bench.add_argument("--size", action="append", default=[], type=name_equals_integer,
                        metavar="NAME=VALUE", help="another size for the kernels that have it "
                                                   "(heads=8, d=128); repeatable")
-    bench.add_argument("--baselines", nargs="*", choices=BASELINES, default=list(BASELINES),
-                       help="which baselines run next to ours (default: both; none with no name)")
+    bench.add_argument("--baselines", nargs="*", choices=BASELINES,
+                       default=list(DEFAULT_BASELINES),
+                       help="which baselines run next to ours: the numpy reference, the PyTorch "
+                            "a user would write, and that PyTorch under torch.compile (default: "
+                            f"{' and '.join(DEFAULT_BASELINES)}; none with no name)")
     bench.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON-lines file, appended to")
     from moagen.bench.tune import DEFAULT_FILE
     bench.add_argument("--tuning", type=Path, default=DEFAULT_FILE,

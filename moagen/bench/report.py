@@ -53,9 +53,10 @@ def _impl(r):
 
 
 def table(results) -> str:
-    lines = ["| kernel | impl | n | threads | median ms | IQR % | GFLOP/s | GB/s | % triad | "
-             "numpy/this | torch/this |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    ratios = [f"{b}/this" for b in cases.BASELINES]
+    lines = ["| " + " | ".join(["kernel", "impl", "n", "threads", "median ms", "IQR %", "GFLOP/s",
+                                "GB/s", "% triad"] + ratios) + " |",
+             "| --- " * (9 + len(ratios)) + "|"]
     fmt = lambda x, f: "-" if x is None else format(x, f)
     for r in with_ratios(results):
         spread = 100 * (r["q3_s"] - r["q1_s"]) / r["median_s"]
@@ -63,9 +64,25 @@ def table(results) -> str:
         share = 100 * r["gbs"] / triad if triad and r.get("gbs") is not None else None
         lines.append(f"| {r['kernel']} | {_impl(r)} | {r['sizes']['n']} | {r['threads']} | "
                      f"{r['median_s'] * 1e3:.3f} | {spread:.0f} | {fmt(r.get('gflops'), '.2f')} | "
-                     f"{fmt(r.get('gbs'), '.2f')} | {fmt(share, '.0f')} | "
-                     f"{fmt(r['ratios'].get('numpy'), '.2f')} | {fmt(r['ratios'].get('torch'), '.2f')} |")
+                     f"{fmt(r.get('gbs'), '.2f')} | {fmt(share, '.0f')} | " +
+                     " | ".join(fmt(r["ratios"].get(b), ".2f") for b in cases.BASELINES) + " |")
     return "\n".join(lines)
+
+
+def baselines(results) -> str:
+    """Per kernel, what each baseline measured computes (and leaves out), and how long its
+    first call took where that call compiled (torch.compile)."""
+    what, compiling = {}, defaultdict(list)
+    for r in results:
+        if r["lang"] in cases.BASELINES:
+            key = r["kernel"], r["lang"]
+            what[key] = r.get("computes") or cases.computes(*key)
+            if r.get("compile_s") is not None:
+                compiling[key].append(f"{r['compile_s']:.1f} s at n {r['sizes']['n']}")
+    return "\n".join(f"- {kernel}, {lang}: {text}" +
+                     (f" (first call, compiling: {', '.join(compiling[kernel, lang])})"
+                      if compiling[kernel, lang] else "")
+                     for (kernel, lang), text in what.items())
 
 
 def write(path, run=None, out_dir=None) -> Path:
@@ -86,8 +103,11 @@ def write(path, run=None, out_dir=None) -> Path:
     text += ["", "## Results", "", "Median of the repeats after warm-up; IQR: interquartile range "
              "over the median; % triad: GB/s over the bandwidth of a STREAM triad timed in the same "
              "rounds as the kernel (a bandwidth-bound kernel's share of the memory roof); "
-             "numpy/this and torch/this: the baseline's time over ours on the "
-             "same inputs in the same process (above 1: ours is faster).", "", table(results), ""]
+             "numpy/this, torch/this and compiled/this: the baseline's time over ours on the same "
+             "inputs, measured in a process of their own (above 1: ours is faster).", "",
+             table(results), ""]
+    listed = baselines(results)
+    text += ["## What each baseline computes", "", listed, ""] if listed else []
     text += [f"![{f.stem}]({f.name})" for f in figures]
     summary = out_dir / "summary.md"
     summary.write_text("\n".join(text) + "\n")

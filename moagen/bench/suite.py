@@ -21,12 +21,12 @@ def thread_counts(cores: int):
 
 
 def plan(kernels, langs, threads, dtype="float64", quick=False, lengths=None,
-         baselines=cases.BASELINES, choices=None, sizes=None):
+         baselines=cases.DEFAULT_BASELINES, choices=None, sizes=None):
     """The jobs, every name checked before anything runs. choices: this machine's tuned
     schedule parameters (moagen.bench.tune); a variant without one runs its defaults.
     sizes: sizes other than n set for every kernel that has them (heads=8, d=128).
-    baselines: which of numpy and torch run next to ours (at long lengths numpy's
-    attention takes minutes a call)."""
+    baselines: which of cases.BASELINES run next to ours (at long lengths numpy's attention
+    takes minutes a call; torch.compile tens of seconds per kernel and shape)."""
     from moagen.bench.tune import chosen
     from moagen.kernels import KERNELS
 

@@ -93,4 +93,7 @@ CHECKS = {name: Check(references(reference.attention_bwd_numpy, reference.attent
                                  causal=causal), CHECK_SIZES, softmax_scale,
                       inputs=_forward_of(causal))
           for name, causal in (("attention_bwd", False), ("attention_bwd_causal", True))}
-BENCH = dict.fromkeys(CHECKS, ON_HEADS)
+BENCH = {name: ON_HEADS.measured_against(
+             "sdpa_bwd", "dQ, dK, dV by autograd of F.scaled_dot_product_attention, the "
+                         "forward recomputed (O, lse unused)", causal=causal)
+         for name, causal in (("attention_bwd", False), ("attention_bwd_causal", True))}

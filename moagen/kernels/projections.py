@@ -165,6 +165,13 @@ CHECKS = {
                                      reference_block.residual_add_torch),
                           tuple({k: s[k] for k in ("batch", "n", "dm")} for s in CHECK_SIZES)),
 }
-BENCH = {**dict.fromkeys(("qkv_proj", "qkv_proj_bwd", "out_proj", "out_proj_bwd"),
-                         on_model("dm", "heads", "dh")),
-         "residual_add": on_model("dm")}
+_ON_HEADS = on_model("dm", "heads", "dh")
+BENCH = {"qkv_proj": _ON_HEADS.measured_against(
+             "qkv_proj", "Q, K, V by a matmul each, as (batch, heads, n, dh) views"),
+         "qkv_proj_bwd": _ON_HEADS.measured_against(
+             "qkv_proj_bwd", "dX, dWq, dWk, dWv by the matmuls autograd runs, without a "
+                             "forward"),
+         "out_proj": _ON_HEADS.measured_against("out_proj", "R + O Wo by one addmm"),
+         "out_proj_bwd": _ON_HEADS.measured_against(
+             "out_proj_bwd", "dO, dWo by the matmuls autograd runs, without a forward"),
+         "residual_add": on_model("dm").measured_against("residual_add", "x + r")}

@@ -144,5 +144,12 @@ CHECKS = {
                                       reference_block.rmsnorm_apply_torch), CHECK_SIZES,
                            inputs=kept_statistic),
 }
-BENCH = dict.fromkeys(CHECKS, Bench(lambda n: dict(batch=1, n=n, d=1024), quick=(1024,),
-                                    full=(1024, 8192)))
+ROWS_OF_1024 = Bench(lambda n: dict(batch=1, n=n, d=1024), quick=(1024,), full=(1024, 8192))
+BENCH = {"rmsnorm_fwd": ROWS_OF_1024.measured_against(
+             "rmsnorm", "z and inv_rms (the backward's) in the operators F.rms_norm runs on "
+                        "a CPU: pow, mean, rsqrt, two products"),
+         "rmsnorm_bwd": ROWS_OF_1024.measured_against(
+             "rmsnorm_bwd", "dx, dweight by autograd of F.rms_norm, the statistic recomputed "
+                            "(inv_rms unused)", eps=EPS),
+         "rmsnorm_apply": ROWS_OF_1024.measured_against(
+             "rmsnorm_apply", "z = x * inv_rms * weight, two products")}

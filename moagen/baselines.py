@@ -1,0 +1,141 @@
+"""What a user would write in PyTorch for each kernel, as fast as PyTorch's own operators
+make it: the bench's `torch` baseline, and under torch.compile its `compiled` one. Unlike
+the verification references (moagen.reference, moagen.reference_block) these need not be
+independent of ours, only honest: each kernel module's BENCH says, next to the function,
+what it computes and which of the kernel's outputs it leaves out.
+
+Each takes the kernel's inputs as torch tensors (and its scalars) and returns tensors."""
+import torch
+import torch.nn.functional as F
+
+
+def sdpa(Q, K, V, scale, causal=False):
+    """O only: the public SDPA returns no lse."""
+    return F.scaled_dot_product_attention(Q, K, V, scale=scale, is_causal=causal)
+
+
+def _attention_grads(Q, K, V, dO, scale, causal):
+    """SDPA's forward, then autograd's backward: (O, dQ, dK, dV)."""
+    q, k, v = (t.detach().requires_grad_() for t in (Q, K, V))
+    out = sdpa(q, k, v, scale, causal)
+    return (out.detach(),) + torch.autograd.grad(out, (q, k, v), dO)
+
+
+def sdpa_bwd(Q, K, V, O, dO, lse, scale, causal=False):
+    """dQ, dK, dV by autograd, which recomputes the forward (O and lse unused)."""
+    return _attention_grads(Q, K, V, dO, scale, causal)[1:]
+
+
+def sdpa_fwdbwd(Q, K, V, dO, scale, causal=False):
+    """O, dQ, dK, dV: the forward and autograd's backward, no lse."""
+    return _attention_grads(Q, K, V, dO, scale, causal)
+
+
+def sdpa_decode(q, K, V, scale, n):
+    """O only, over the cache's first n rows, the KV heads shared by enable_gqa (no copy of
+    the cache per query head)."""
+    out = F.scaled_dot_product_attention(q[:, :, None, :], K[:, :, :n], V[:, :, :n],
+                                         scale=scale, enable_gqa=True)
+    return out[:, :, 0, :]
+
+
+def kv_append(K, V, k_new, v_new, n):
+    """Row n written in place, as the kernel does (no copy of the caches)."""
+    K[:, :, n], V[:, :, n] = k_new, v_new
+    return K, V
+
+
+def rmsnorm(x, weight, eps):
+    """z and inv_rms in the operators F.rms_norm itself runs on a CPU (pow, mean, rsqrt and
+    two products), so the statistic the backward keeps costs no extra pass."""
+    inv_rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x * inv_rms * weight, inv_rms[..., 0]
+
+
+def rmsnorm_bwd(x, weight, inv_rms, dz, eps):
+    """dx, dweight by autograd of F.rms_norm, which recomputes the statistic."""
+    t, w = (a.detach().requires_grad_() for a in (x, weight))
+    return torch.autograd.grad(F.rms_norm(t, (x.shape[-1],), w, eps), (t, w), dz)
+
+
+def rmsnorm_apply(x, weight, inv_rms):
+    return x * inv_rms[..., None] * weight
+
+
+def mlp(X, Wg, Wu, Wd):
+    """F and U = X Wg (kept for the backward)."""
+    u = X @ Wg
+    return (F.silu(u) * (X @ Wu)) @ Wd, u
+
+
+def mlp_bwd(X, Wg, Wu, Wd, U, dF):
+    """dX and the weights' gradients by autograd, which recomputes the forward (U unused)."""
+    leaves = [t.detach().requires_grad_() for t in (X, Wg, Wu, Wd)]
+    x, wg, wu, wd = leaves
+    return torch.autograd.grad((F.silu(x @ wg) * (x @ wu)) @ wd, leaves, dF)
+
+
+def _split(Y, heads_dh):
+    """(batch, n, heads * dh) -> (batch, heads, n, dh)."""
+    return Y.unflatten(-1, heads_dh).transpose(1, 2)
+
+
+def _merged(G):
+    """(batch, heads, n, dh) -> (batch * n, heads * dh)."""
+    return G.transpose(1, 2).flatten(2).flatten(0, 1)
+
+
+def qkv_proj(X, Wq, Wk, Wv):
+    """Q, K, V as (batch, heads, n, dh) views of one matmul each."""
+    return tuple(_split(X @ W.flatten(1), W.shape[1:]) for W in (Wq, Wk, Wv))
+
+
+def qkv_proj_bwd(X, Wq, Wk, Wv, dQ, dK, dV):
+    """The matmuls autograd's backward runs, without its forward."""
+    grads = [_merged(g) for g in (dQ, dK, dV)]
+    weights = [W.flatten(1) for W in (Wq, Wk, Wv)]
+    rows = X.flatten(0, 1)
+    dX = sum(g @ w.T for g, w in zip(grads, weights)).view(X.shape)
+    return (dX,) + tuple((rows.T @ g).view(W.shape) for g, W in zip(grads, (Wq, Wk, Wv)))
+
+
+def out_proj(O, Wo, R):
+    return torch.addmm(R.flatten(0, 1), _merged(O), Wo.flatten(0, 1)).view(R.shape)
+
+
+def out_proj_bwd(O, Wo, dY):
+    """The matmuls autograd's backward runs, without its forward."""
+    rows = dY.flatten(0, 1)
+    dO = (rows @ Wo.flatten(0, 1).T).view(dY.shape[0], dY.shape[1], -1)
+    return _split(dO, Wo.shape[:2]), (_merged(O).T @ rows).view(Wo.shape)
+
+
+def residual_add(x, r):
+    return x + r
+
+
+def _block(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale):
+    """y and the activations the backward keeps but lse: the stages above in a row."""
+    xn1, inv_rms1 = rmsnorm(x, norm1, eps)
+    q, k, v = qkv_proj(xn1, Wq, Wk, Wv)
+    attn = sdpa(q, k, v, scale)
+    resid = out_proj(attn, Wo, x)
+    xn2, inv_rms2 = rmsnorm(resid, norm2, eps)
+    f, u = mlp(xn2, Wg, Wu, Wd)
+    return resid + f, (inv_rms1, q, k, v, attn, resid, inv_rms2, u)
+
+
+def block(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale):
+    """y, inv_rms1, Q, K, V, attn, resid, inv_rms2, U: every output but lse."""
+    y, kept = _block(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale)
+    return (y,) + kept
+
+
+def block_bwd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse,
+              resid, inv_rms2, U, dy, scale, eps):
+    """The ten gradients by autograd of the block, which recomputes the forward (the kept
+    activations unused)."""
+    leaves = [t.detach().requires_grad_() for t in (x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu,
+                                                    Wd)]
+    y, _ = _block(*leaves, eps, scale)
+    return torch.autograd.grad(y, leaves, dy)
