@@ -92,6 +92,13 @@ def test_bad_input_messages(capsys):
         assert err.startswith("moagen: error: ") and message in err
 
 
+def test_an_emulation_is_not_measured(capsys):
+    with pytest.raises(MoagenError, match="cuda-emulated is for verification"):
+        cases.check_impl("cuda-emulated")
+    assert main(["bench", "--kernels", "rmsnorm_apply", "--lang", "cuda-emulated", "--n", "8"]) == 2
+    assert "measure cuda there" in capsys.readouterr().err
+
+
 def test_gpu_requested_where_none_exists(capsys):
     from moagen.bind import cuda
     if cuda.available():

@@ -6,7 +6,7 @@ its sizes, lengths, references and PyTorch baseline (its `bench` and `check`,
 moagen.kernels.cases)."""
 import numpy as np
 
-from moagen.errors import DeviceUnavailable, UnknownNameError
+from moagen.errors import DeviceUnavailable, MoagenError, UnknownNameError
 
 BASELINES = ("numpy", "torch", "compiled")
 # compiled is asked for by name: Inductor takes tens of seconds per kernel and shape
@@ -53,9 +53,12 @@ def targets(items):
 
 def check_impl(lang: str):
     """A language to measure (the baselines run next to every one anyway), refused up front
-    where its kernels cannot run here."""
+    where its kernels cannot run here or its times would mean nothing."""
     from moagen.targets import get_target
     target = get_target(lang)
+    if not target.measured:
+        raise MoagenError(f"{lang} is for verification: its times say nothing about the "
+                          f"machine it is meant for; measure {target.variant_of} there")
     if not target.runs_here():
         raise DeviceUnavailable(f"{lang} requested but {target.missing} is available here")
     return lang

@@ -23,4 +23,5 @@ TARGET = Target("cuda", extension="cu", kind="cuda", emit=emit_cuda, build=build
 # the same source, built and bound for the host; verified by `moagen verify --emulate`
 EMULATED = Target("cuda-emulated", extension="cu", kind="cuda", emit=emit_cuda,
                   build=build.build_cuda_emulated, load=cuda_emulated.load,
-                  bind=cuda_emulated.bind, toolchain="cuda-emulated", variant_of="cuda")
+                  bind=cuda_emulated.bind, toolchain="cuda-emulated", variant_of="cuda",
+                  measured=False)

@@ -27,6 +27,9 @@ class Target:
     # the language this one prints differently for an experiment; it has no sources in
     # generated/ and is no language of `moagen generate`, `build` and `verify` by default
     variant_of: Optional[str] = None
+    # whether its times say something about the machine it is meant for (an emulation's
+    # do not): the bench refuses to measure it otherwise
+    measured: bool = True
 
     def library(self, source: str, stem: str, toolchain=None):
         """Build `source` (cached) and load it."""
