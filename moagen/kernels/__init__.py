@@ -9,6 +9,7 @@ the CPU's, CUDA the GPU's) and whose space is what `moagen tune` searches on a m
 Each module also declares what its kernels are verified and measured on (CHECKS and BENCH,
 moagen.kernels.cases): every registered kernel has both."""
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from moagen.errors import SpecError, UnknownNameError
@@ -121,7 +122,7 @@ class CompositeKernel(_Variants):
                                    "a stage kernel's steps instead")
         if layout != "row":
             raise UnknownNameError(f"{self.name}: composites are emitted row-major only")
-        return compose(self.composite, lambda *a, **kw: onf_of(*a, **kw, target=target))
+        return compose(self.composite, partial(onf_of, target=target))
 
 
 def _kernel(module, spec, variants, validate=None):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Tuple
 
 from moagen.errors import ScheduleError
-from moagen.onf.reductions import LowerReductions
+from moagen.onf.realize import CLOSING
 from moagen.onf.schedule import GpuThreads
 
 
@@ -63,14 +63,14 @@ def cpu(*steps) -> dict:
 
 
 def format_layers(layers: Layers, target: str, params: dict, upto=None) -> str:
-    """The variant's steps for a target by layer, numbered as --upto counts them; the last,
-    lower_reductions, is what every schedule ends with."""
+    """The variant's steps for a target by layer, numbered as --upto counts them; the last
+    are what every schedule ends with (moagen.onf.realize.CLOSING)."""
     lines = [f"target {target}"
              + (f", parameters {' '.join(f'{k}={v}' for k, v in params.items())}" if params
                 else "")]
     number = 0
     for name, steps in (("algorithm", layers.algorithm), ("schedule", layers.schedule),
-                        ("mapping", layers.mapping_for(target)), ("always", (LowerReductions(),))):
+                        ("mapping", layers.mapping_for(target)), ("always", CLOSING)):
         lines.append(f"  {name}:")
         for step in steps:
             number += 1

@@ -23,7 +23,7 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa.expr import idiv
-from moagen.onf.loops import Let, Loop, ONF, find_nest, names_read, walk
+from moagen.onf.loops import Let, Loop, ONF, find_nest, loop_vars, names_read
 from moagen.onf.names import loop_role
 from moagen.onf.schedule import claim_loop, kernel_names, rewrite_loops
 from moagen.onf.step import Step
@@ -77,7 +77,7 @@ class BlockInterchange(Step):
                                 f"read {', '.join(sorted(read_later))}, set before it")
         check_sum_only(self, loop, summed_arrays(loop))
 
-        inside = {s.var.name for s in walk((loop,)) if isinstance(s, Loop)}
+        inside = loop_vars((loop,))
         blk = claim_loop(names, self.blocks, scope | inside, self)
         first = loop.start + self.block * blk
         each = lambda stmts: Loop(loop.var, first, sympy.Min(loop.stop, first + self.block),

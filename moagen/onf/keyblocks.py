@@ -30,7 +30,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Let, Loop, ONF, Store, Update, find_nest, names_read,
+from moagen.onf.loops import (Let, Loop, ONF, Store, Update, find_nest, loop_vars, names_read,
                               scratch_row, walk)
 from moagen.onf.names import loop_role
 from moagen.onf.reductions import require_lowered
@@ -85,8 +85,7 @@ class KeyBlocks(Step):
     def _blocks(self, loop, loops, names, temps):
         sums, lets, adds = self._steps(loop.body)
         size, j, row = self.block, loop.var, tuple(lp.var for lp in loops)
-        scope = {lp.var.name for lp in loops} | \
-            {s.var.name for s in walk((loop,)) if isinstance(s, Loop)}
+        scope = {lp.var.name for lp in loops} | loop_vars((loop,))
         block = claim_loop(names, self.blocks, scope, self)
         first = loop.start + size * block
         key = row + (j - first,)

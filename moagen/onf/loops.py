@@ -208,6 +208,11 @@ def walk(stmts):
             yield from walk(s.body)
 
 
+def loop_vars(stmts) -> set:
+    """The variables of every loop in stmts, nested ones included."""
+    return {s.var.name for s in walk(stmts) if isinstance(s, Loop)}
+
+
 def defined_names(stmts) -> frozenset:
     """Locals introduced (Let) or modified (Update), and loop variables, anywhere in stmts."""
     names = set()

@@ -39,7 +39,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Let, Loop, ONF, Store, Update, enclose, map_stmt_exprs,
+from moagen.onf.loops import (Let, Loop, ONF, Store, Update, enclose, loop_vars, map_stmt_exprs,
                               scratch_row, stmt_exprs, walk)
 from moagen.onf.names import loop_role
 from moagen.onf.schedule import claim_loop, kernel_names
@@ -165,8 +165,7 @@ def _per_block(transform, loop, f, m, l, probability_is, names, loops, temps):
     """([the loop over blocks of keys], the stores it rescales with their loops)."""
     size, j, row = transform.block, loop.var, tuple(lp.var for lp in loops)
     probs = scratch_row(transform, "probs", loops, size, names, temps)
-    scope = {lp.var.name for lp in loops} | \
-        {s.var.name for s in walk((loop,)) if isinstance(s, Loop)}
+    scope = {lp.var.name for lp in loops} | loop_vars((loop,))
     block = claim_loop(names, loop_role(j.name, "blk"), scope, transform)
     first = size * block
     fresh = _fresh(names, ("block_max", "new_max", "rescale", "block_sum"))

@@ -26,7 +26,7 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.fusion import as_block, fuse_siblings, independent
 from moagen.onf.loops import (Buffer, Loop, Nest, ONF, Store, arrays_read, enclose, find_nest,
-                              loop_nest, perfect_chain, subs_stmts, walk)
+                              loop_nest, loop_vars, perfect_chain, subs_stmts, walk)
 from moagen.onf.names import Names, base_name, loop_role, nest_role
 from moagen.onf.schedule import claim_loop, kernel_names
 from moagen.onf.step import Step
@@ -203,8 +203,7 @@ class PartBuffers(Step):
                                     f"its zero nest and nest {self.nest}")
 
         names = kernel_names(onf)
-        scope = {lp.var.name for lp in outer} | \
-            {s.var.name for s in walk((loop,)) if isinstance(s, Loop)}
+        scope = {lp.var.name for lp in outer} | loop_vars((loop,))
         p = claim_loop(names, self.part, scope, self)
         j_in = claim_loop(names, self.within, scope | {p.name}, self)
         part, buffer = _part_buffer(onf, names, self.array, self.parts)

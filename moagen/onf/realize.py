@@ -34,9 +34,13 @@ def initial_onf(dnf: DNF, variant: str, layout: str = "row") -> ONF:
                nests=tuple(nests), layout=layout)
 
 
+# what every schedule ends with: the reductions its steps left become accumulator loops
+CLOSING = (LowerReductions(),)
+
+
 def realize(dnf: DNF, variant: str, steps: Sequence, layout: str = "row", upto=None) -> ONF:
     """The final ONF; upto = K: the ONF after the first K steps, as they left it."""
-    steps = tuple(steps) + (LowerReductions(),)
+    steps = tuple(steps) + CLOSING
     onf = initial_onf(dnf, variant, layout)
     for step in steps[:upto]:
         onf = step(onf)

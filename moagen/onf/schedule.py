@@ -12,7 +12,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, defined_names,
+from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, defined_names, loop_vars,
                               map_stmt_exprs, perfect_chain, stmt_exprs, tails, walk)
 from moagen.onf.fusion import independent
 from moagen.onf.names import Names, base_name, loop_role
@@ -286,7 +286,7 @@ class Split(Transform):
         def split(loop, scope):
             if loop.start != 0:
                 raise ScheduleError(f"{self}: loop {loop.var} does not start at 0")
-            inside = {x.var.name for x in walk((loop,)) if isinstance(x, Loop)}
+            inside = loop_vars((loop,))
             blk = claim_loop(names, self.blocks, scope | inside, self)
             lo = blk * self.tile
             inner = replace(loop, start=lo, stop=sympy.Min(loop.stop, lo + self.tile), parallel=0)

@@ -20,7 +20,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose,
+from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose, loop_vars,
                               map_stmt_exprs, perfect_chain, walk)
 from moagen.onf.names import loop_role, nest_role
 from moagen.onf.schedule import claim_loop, kernel_names
@@ -70,7 +70,7 @@ class SplitKeys(Step):
         m, l = self._state(loop)
         rows = self._rows(loop, chain)
         names = kernel_names(onf)
-        inside = {x.var.name for x in walk((loop,)) if isinstance(x, Loop)}
+        inside = loop_vars((loop,))
         s = claim_loop(names, self.slices, {lp.var.name for lp in chain} | inside, self)
         heads = tuple(lp.var for lp in chain)
         extents = tuple(lp.stop - lp.start for lp in chain)

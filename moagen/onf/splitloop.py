@@ -19,7 +19,7 @@ from typing import Tuple
 import sympy
 
 from moagen.moa.expr import as_dim, idiv
-from moagen.onf.loops import Loop, ONF, enclose, find_nest, subs_stmts, walk
+from moagen.onf.loops import Loop, ONF, enclose, find_nest, loop_vars, subs_stmts
 from moagen.onf.schedule import claim_loop, kernel_names
 from moagen.onf.step import Step
 from moagen.onf.unroll import outer_loop
@@ -51,8 +51,7 @@ class SplitLoop(Step):
         nest = find_nest(onf, self.nest, self)
         around, loop = outer_loop(self, nest.body, self.loop)
         names = kernel_names(onf)
-        scope = {lp.var.name for lp in around} | \
-            {s.var.name for s in walk((loop,)) if isinstance(s, Loop)}
+        scope = {lp.var.name for lp in around} | loop_vars((loop,))
         g, r = (claim_loop(names, n, scope, self) for n in self.names)
         outer, inner = as_dim(self.outer), as_dim(self.inner)
         h = inner * g + r

@@ -26,9 +26,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
-from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, enclose,
-                              find_nest, loop_nest, map_stmt_exprs, stmt_exprs, subs_stmts,
-                              walk)
+from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, enclose, find_nest,
+                              loop_nest, loop_vars, map_stmt_exprs, stmt_exprs, subs_stmts, walk)
 from moagen.onf.names import loop_role, nest_role
 from moagen.onf.reductions import require_lowered
 from moagen.onf.schedule import claim_loop, kernel_names
@@ -70,7 +69,7 @@ class UnrollJam(Step):
             _check_independent(self, loop)
 
         names = kernel_names(onf)
-        in_nest = {s.var.name for s in walk(nest.body) if isinstance(s, Loop)}
+        in_nest = loop_vars(nest.body)
         tile = claim_loop(names, self.tiles, in_nest, self)
         copies = [_copy(loop.body, loop.var, self.factor * tile + u, u, names)
                   for u in range(self.factor)]
@@ -250,7 +249,7 @@ class UnrollSum(Step):
         if not divides(f, loop.start):
             raise ScheduleError(f"{self}: the loop starts at {loop.start}, not a multiple of "
                                 f"{f}: its groups of {f} would not line up")
-        inside = {s.var.name for s in walk((loop,)) if isinstance(s, Loop)}
+        inside = loop_vars((loop,))
         tile = claim_loop(names, self.tiles, scope | inside, self)
         copies = [_copy(loop.body, loop.var, f * tile + u, u, names) for u in range(f)]
         full = idiv(loop.stop, f)
