@@ -16,12 +16,17 @@ class IndexPrinter(C99CodePrinter):
     """sympy's C printer, with integer min and integer division for index arithmetic."""
 
     def _print_Min(self, expr):
-        a, b = (self._print(x) for x in expr.args)
-        return f"({a} < {b} ? {a} : {b})"
+        return self._fold(expr.args, "<")
 
     def _print_Max(self, expr):
-        a, b = (self._print(x) for x in expr.args)
-        return f"({a} > {b} ? {a} : {b})"
+        return self._fold(expr.args, ">")
+
+    def _fold(self, args, op):
+        """min or max of several, as nested comparisons of two."""
+        if len(args) == 1:
+            return self._print(args[0])
+        a, b = self._fold(args[:-1], op), self._print(args[-1])
+        return f"({a} {op} {b} ? {a} : {b})"
 
     def _print_idiv(self, expr):
         a, b = (self._print(x) for x in expr.args)
@@ -53,25 +58,12 @@ class CPrinter(Printer):
         return out
 
     def functions(self):
-        """The kernel's function, and before it a static function per register-tiled nest:
-        gcc 12 has no per-loop `novector`, so a tile's nest opts out of the loop vectorizer
-        (its body is already vector code) in a function of its own, and the other nests
-        keep it."""
-        helpers, body = [], []
-        args = ", ".join(a.name for a in self.sig.arrays) + "".join(
-            f", {s}" for s in list(self.sig.sizes) + list(self.sig.scalars))
+        """The kernel's function (a list: the template prints each function it is given)."""
+        body = []
         for nest in self.onf.nests:
-            code = [self.indent + line for line in self.comment(self.nest_comment(nest))]
-            code += self.block(nest.body, 1)
-            if not any(isinstance(s, Loop) and s.vector_tile for s in walk(nest.body)):
-                body += code
-                continue
-            name = f"{self.sig.name}_{nest.label.replace('.', '_')}"
-            helpers.append({"name": name, "params": self.params(), "body": code, "static": True,
-                            "attribute": '__attribute__((optimize("no-tree-loop-vectorize")))'})
-            body.append(f"{self.indent}{name}({args});")
-        return helpers + [{"name": self.sig.name, "params": self.params(), "body": body,
-                           "static": False, "attribute": ""}]
+            body += [self.indent + line for line in self.comment(self.nest_comment(nest))]
+            body += self.block(nest.body, 1)
+        return [{"name": self.sig.name, "params": self.params(), "body": body}]
 
     def comment(self, lines):
         return ["/* " + lines[0]] + [" * " + line for line in lines[1:]] + [" */"]
@@ -86,6 +78,13 @@ class CPrinter(Printer):
                    f"schedule({omp_schedule(loop)})"] if loop.parallel else [])
         if loop.simd and self.simd_directives:
             pragma.append(f"{pad}#pragma omp simd{simd_clauses(loop)}")
+        if loop.vector_tile and self.simd_directives:
+            # a register tile is vector code across its statements (the compiler's SLP
+            # vectorizer packs its lanes): vectorized along the loop, every accumulator would
+            # become a vector of partial sums, added up across lanes at the end. OpenMP's
+            # `if(simd: 0)` runs the iterations one at a time (gcc 12 has no per-loop
+            # `novector`); the statements inside are still vectorized
+            pragma.append(f"{pad}#pragma omp simd if(simd: 0)")
         return pragma + [pad + head] + self.loop_body(loop, depth + 1) + [pad + "}"]
 
     def let(self, name, value, mutable):

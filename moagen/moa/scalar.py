@@ -159,6 +159,13 @@ def rename_locals(e: ScalarExpr, mapping: dict) -> ScalarExpr:
     return map_children(e, lambda c: rename_locals(c, mapping))
 
 
+def subs_locals(e: ScalarExpr, values: dict) -> ScalarExpr:
+    """e with each local named in `values` replaced by its value (an expression)."""
+    if isinstance(e, Local):
+        return values.get(e.name, e)
+    return map_children(e, lambda c: subs_locals(c, values))
+
+
 def alpha_key(e: ScalarExpr):
     """A key equal for expressions that differ only in bound variable and accumulator
     names: `max_j2 S(j2)` and `max_j4 S(j4)` are the same value."""

@@ -66,15 +66,15 @@ class UnrollJam(Step):
         if summed:
             check_sum_only(self, loop, summed)
         else:
-            _check_independent(self, loop)
+            check_independent(self, loop)
 
         names = kernel_names(onf)
         in_nest = loop_vars(nest.body)
         tile = claim_loop(names, self.tiles, in_nest, self)
-        copies = [_copy(loop.body, loop.var, self.factor * tile + u, u, names)
+        copies = [copy_iteration(loop.body, loop.var, self.factor * tile + u, u, names)
                   for u in range(self.factor)]
         full = idiv(loop.stop, self.factor)
-        jammed = _jam(self, copies)
+        jammed = jam(self, copies)
         tiles = enclose(outer, (Loop(tile, sympy.Integer(0), full,
                                      _merge_sums(jammed) if summed else jammed),))
         edge = enclose(outer, (replace(loop, start=self.factor * full),))
@@ -124,7 +124,7 @@ def keys_summed(nest: str, keys: int, loop: str = "j") -> Tuple:
     return (UnrollSum(nest, loop, keys),) if keys > 1 else ()
 
 
-def _copy(stmts, var, value, u, names):
+def copy_iteration(stmts, var, value, u, names):
     """stmts for var = value, every local they declare renamed for copy u."""
     rename = {}
     for s in walk(stmts):
@@ -141,7 +141,9 @@ def _rename_lets(s, rename):
     return replace(s, name=rename.get(s.name, s.name)) if isinstance(s, (Let, Update)) else s
 
 
-def _jam(transform, copies):
+def jam(transform, copies):
+    """The copies interleaved statement by statement; their loops merged into one (their
+    bounds must agree)."""
     out = []
     for stmts in zip(*copies):
         first = stmts[0]
@@ -151,11 +153,11 @@ def _jam(transform, copies):
         if any((s.start, s.stop) != (first.start, first.stop) for s in stmts):
             raise ScheduleError(f"{transform}: the bounds of the loop over {first.var} depend "
                                 f"on {transform.loop}: the copies cannot share it")
-        out.append(replace(first, body=_jam(transform, [s.body for s in stmts])))
+        out.append(replace(first, body=jam(transform, [s.body for s in stmts])))
     return tuple(out)
 
 
-def _check_independent(transform, loop):
+def check_independent(transform, loop):
     """Every array the loop stores is indexed by its variable at one position, in every
     store and every read, by expressions that step with it (i; a group's query head G g + r;
     the rows of a jammed tile, 4 j_tile + u for u < 4): the iterations touch disjoint
@@ -251,9 +253,9 @@ class UnrollSum(Step):
                                 f"{f}: its groups of {f} would not line up")
         inside = loop_vars((loop,))
         tile = claim_loop(names, self.tiles, scope | inside, self)
-        copies = [_copy(loop.body, loop.var, f * tile + u, u, names) for u in range(f)]
+        copies = [copy_iteration(loop.body, loop.var, f * tile + u, u, names) for u in range(f)]
         full = idiv(loop.stop, f)
-        return [Loop(tile, sympy.expand(loop.start / f), full, _merge_sums(_jam(self, copies))),
+        return [Loop(tile, sympy.expand(loop.start / f), full, _merge_sums(jam(self, copies))),
                 replace(loop, start=f * full)]
 
 
@@ -278,7 +280,7 @@ def check_sum_only(transform, loop, summed):
         raise ScheduleError(f"{transform}: the loop assigns a local of the code around it: "
                             "its iterations depend on each other")
     others = replace(loop, body=tuple(_without_sums(loop.body, summed)))
-    _check_independent(transform, others)
+    check_independent(transform, others)
 
 
 def _without_sums(stmts, summed):

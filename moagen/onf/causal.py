@@ -1,0 +1,114 @@
+"""Causal attention by blocks: key blocks no query row of a tile sees are not visited.
+
+With a causal mask the scores of key j for query row r are `r >= j ? s : -inf`. After the
+online softmax (by blocks of B keys), a block whose every key lies past every row of the
+tile has only -inf scores: its block max is -inf, so the running max does not move, the
+rescale is exp(0) = 1 and every probability exp(-inf - m) = 0. The block changes nothing, bit
+for bit (x * 1 and x + 0 are exact), so
+
+    for j_blk in [0, blocks): ..   ->   for j_blk in [0, min(blocks, max_r // B + 1)): ..
+
+where max_r is the tile's last row. A causal kernel then computes about half the scores.
+The first block always holds key 0, which every row sees, so the running max is finite
+before any block is left out. The blocks before (min_r + 1) // B, whose keys every row of
+the tile sees, need no mask either: the loop is split there, and only the blocks on the
+diagonal select (a select per score also keeps the compiler from vectorizing a register
+tile of scores).
+
+Checked: the loop over blocks holds the online softmax's block max (a max accumulated over
+the block's scores), and every score it stores is masked as `r >= j` with r free of the
+keys; the blocks are B keys from B * j_blk.
+"""
+from dataclasses import dataclass, replace
+
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.moa.expr import idiv
+from moagen.onf.loops import Loop, ONF, Store, Update, find_nest, map_stmt_exprs, walk
+from moagen.onf.step import Step
+
+
+@dataclass(frozen=True)
+class CausalBlocks(Step):
+    nest: str
+    blocks: str = "j_blk"
+    keys: str = "j"
+
+    def __str__(self):
+        return f"causal_blocks({self.nest}, {self.blocks})"
+
+    def __call__(self, onf: ONF) -> ONF:
+        nest = find_nest(onf, self.nest, self)
+        body, count = self._rewrite(nest.body)
+        if not count:
+            raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.blocks}")
+        return onf.with_nests([replace(n, body=tuple(body)) if n is nest else n
+                               for n in onf.nests], str(self))
+
+    def _rewrite(self, stmts):
+        out, count = [], 0
+        for s in stmts:
+            if isinstance(s, Loop) and s.var.name == self.blocks:
+                first, last = self._bounds(s)
+                out += [replace(s, stop=first, body=tuple(_unmasked(s.body))),
+                        replace(s, start=first, stop=last)]
+                count += 1
+            elif isinstance(s, Loop):
+                body, inner = self._rewrite(s.body)
+                out.append(replace(s, body=tuple(body)))
+                count += inner
+            else:
+                out.append(s)
+        return out, count
+
+    def _bounds(self, blocks: Loop):
+        """(the first block some row of the tile does not see whole, (min_r + 1) // B; the
+        block after the last any row sees, max_r // B + 1), within the loop's range."""
+        keys = [s for s in walk(blocks.body) if isinstance(s, Loop) and s.var.name == self.keys]
+        if not keys or not any(isinstance(s, Update) and s.op == "max"
+                               for s in walk(blocks.body)):
+            raise ScheduleError(f"{self}: the loop over {self.blocks} is not the online "
+                                f"softmax's loop over blocks of {self.keys} (a block max)")
+        size = sympy.diff(keys[0].start, blocks.var)
+        if not size.is_Integer or any(k.start != size * blocks.var for k in keys):
+            raise ScheduleError(f"{self}: the loops over {self.keys} do not start each block "
+                                f"at a multiple of {self.blocks}")
+        rows = []
+        for key in keys:
+            for s in walk(key.body):
+                if isinstance(s, Store) and isinstance(s.value, S.Select):
+                    rows.append(self._row(s.value, key.var))
+        if not rows:
+            raise ScheduleError(f"{self}: no score in the loop over {self.blocks} is masked: "
+                                "nothing to skip")
+        # rows are query rows, below n: (min_r + 1) // B <= the block count and <= max_r // B + 1
+        return (idiv(sympy.Min(*rows) + 1, size),
+                sympy.Min(blocks.stop, idiv(sympy.Max(*rows), size) + 1))
+
+    def _row(self, select, key):
+        """r of a score masked as `r >= key ? s : -inf`."""
+        cond = select.cond
+        if (select.other == S.Num(float("-inf")) and isinstance(cond, sympy.GreaterThan)
+                and cond.rhs == key and key not in cond.lhs.free_symbols):
+            return cond.lhs
+        if (select.other == S.Num(float("-inf")) and isinstance(cond, sympy.LessThan)
+                and cond.lhs == key and key not in cond.rhs.free_symbols):
+            return cond.rhs
+        raise ScheduleError(f"{self}: a score is masked by {cond}, not as a row >= the key: "
+                            "blocks past the rows cannot be told apart")
+
+
+def _unmasked(stmts):
+    """stmts with every masked score `r >= j ? s : -inf` replaced by s."""
+    def unmask(e):
+        if isinstance(e, S.Select) and e.other == S.Num(float("-inf")):
+            return unmask(e.then)
+        return S.map_children(e, unmask)
+
+    for s in stmts:
+        if isinstance(s, Loop):
+            yield replace(s, body=tuple(_unmasked(s.body)))
+        else:
+            yield map_stmt_exprs(s, unmask)

@@ -1,0 +1,246 @@
+"""FlashAttention's two contractions as register tiles, inside a block of keys.
+
+After the online softmax (with blocks of keys), a block does two products for each query
+row: the scores, a dot product per key, and the weighted sum of value rows. As loops they
+are vector code along the wrong axis: each score is a reduction over the head's columns
+(a horizontal add per key), and each key's term is added into the whole output row (the
+row loaded and stored once per key or two). FlashAttention computes both as small matrix
+products; these two steps give the block that form, one contraction each:
+
+KeyTiles(nest, j, f), the scores S = Q K^T:
+
+    for j in [s, e): let q = 0; for c: q += A(c) * K[.., j, c]; P[.., j] = g(q)
+ -> for j_tile in [s / f, e // f):                         (f keys at a time)
+        let q_v = 0                                        (v < f)
+        vector-tile for c: q_v += A(c) * K_panel[.., j_tile, c, v]
+        P[.., f j_tile + v] = g(q_v)
+    for j in [f (e // f), e): the loop as it was           (the block's last keys)
+
+with K_panel[.., t, c, v] = K[.., f t + v, c], copied once by a nest before (K transposed
+in panels of f keys). The f sums of a step are then one vector register, a column of A is
+broadcast into it: with rows jammed (UnrollJam, after this step) the tile is rows x f
+accumulators, a GEMM micro-kernel.
+
+ColumnTiles(nest, j, c, f), the output O += P V:
+
+    for j in [s, e): lets L(j); for c in [0, C): X[.., c] += h(L, j, c)
+ -> for c_tile in [0, C // f):
+        let x_v = X[.., f c_tile + v]                      (v < f)
+        vector-tile for j in [s, e): x_v += h(L(j), j, f c_tile + v)
+        X[.., f c_tile + v] = x_v
+    for j in [s, e): lets L(j); for c in [f (C // f), C): X[.., c] += h(L, j, c)
+
+so an output tile stays in registers for the whole block of keys, each value row's f
+columns loaded once for all the jammed rows.
+
+Both are legal where UnrollSum and UnrollJam are: KeyTiles' loop has independent iterations
+(every array it stores is indexed by j at one position), ColumnTiles' loop shares only its
+additions into elements it does not index and never reads (so its order over j may move
+inside each element's own sum: here it does not even move, each x_v adds the keys in the
+loop's order, bit for bit the loop's arithmetic). The lets are pure (they read no array the
+loop writes), so recomputing them per column tile only repeats loads.
+"""
+from dataclasses import dataclass, field, replace
+
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.moa.expr import divides, idiv
+from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, find_nest, loop_vars,
+                              map_stmt_exprs, stmt_exprs, walk)
+from moagen.onf.names import loop_role, nest_role
+from moagen.onf.reductions import require_lowered
+from moagen.onf.schedule import claim_loop, kernel_names
+from moagen.onf.step import Step
+from moagen.onf.unroll import check_independent, check_sum_only, copy_iteration, jam, summed_arrays
+
+
+def _symbols(index):
+    return set().union(*(sympy.sympify(i).free_symbols for i in index))
+
+
+def _vector_tile(s):
+    """s with every loop in it marked as a register tile's (vectorized across its statements,
+    never along the loop)."""
+    if not isinstance(s, Loop):
+        return s
+    return replace(s, vector_tile=True, body=tuple(_vector_tile(b) for b in s.body))
+
+
+@dataclass
+class _Work:
+    """What one application of a step carries: the ONF, its names, the panels made so far
+    (array -> (panel buffer, the nest body that fills it))."""
+    onf: ONF
+    names: object
+    packs: dict = field(default_factory=dict)
+
+
+class _InnerLoops(Step):
+    """A step that rewrites every loop over `loop` (at any depth of one nest) its `_selects`
+    accepts into the statements `_tile` returns."""
+
+    def __call__(self, onf: ONF) -> ONF:
+        if self.lanes < 2:
+            raise ScheduleError(f"{self}: a tile holds at least two lanes")
+        nest = find_nest(onf, self.nest, self)
+        require_lowered(nest, self)
+        work = _Work(onf, kernel_names(onf))
+        body, count = self._rewrite(nest.body, frozenset(), work)
+        if not count:
+            raise ScheduleError(f"{self}: nest {self.nest} has no {self._wanted}")
+        nests = []
+        for n in onf.nests:
+            if n is nest:
+                nests += [Nest(panel.name, copy, n.origin, self.packing(array))
+                          for array, (panel, copy) in work.packs.items()]
+                n = replace(n, body=tuple(body))
+            nests.append(n)
+        temps = onf.temps + tuple(panel for panel, _ in work.packs.values())
+        return replace(onf.with_nests(nests, str(self)), temps=temps)
+
+    def _rewrite(self, stmts, scope, work):
+        out, count = [], 0
+        for s in stmts:
+            if isinstance(s, Loop) and s.var.name == self.loop and self._selects(s):
+                out += self._tile(s, scope, work)
+                count += 1
+            elif isinstance(s, Loop):
+                body, inner = self._rewrite(s.body, scope | {s.var.name}, work)
+                out.append(replace(s, body=tuple(body)))
+                count += inner
+            else:
+                out.append(s)
+        return out, count
+
+    def packing(self, array: str) -> str:
+        """The nest it creates that copies `array` into panels."""
+        return nest_role(self.nest, f"pack_{array}")
+
+
+@dataclass(frozen=True)
+class KeyTiles(_InnerLoops):
+    nest: str
+    loop: str = "j"
+    lanes: int = 8
+    _wanted = "loop over the keys computing sums per key"
+
+    def __str__(self):
+        return f"key_tiles({self.nest}, {self.loop}, {self.lanes})"
+
+    @property
+    def tiles(self) -> str:
+        """The loops over tiles of `lanes` keys it creates (j_tile)."""
+        return loop_role(self.loop, "tile")
+
+    @staticmethod
+    def _selects(loop):
+        """A loop adding into no array, with an inner loop summing into its own locals."""
+        own = {s.name for s in loop.body if isinstance(s, Let)}
+        return not summed_arrays(loop) and any(
+            isinstance(s, Loop) and any(isinstance(u, Update) and u.name in own
+                                        for u in walk(s.body)) for s in loop.body)
+
+    def _tile(self, loop, scope, work):
+        f = self.lanes
+        if not divides(f, loop.start):
+            raise ScheduleError(f"{self}: the loop starts at {loop.start}, not a multiple of "
+                                f"{f}: its tiles would not line up with the panels")
+        check_independent(self, loop)
+        tile = claim_loop(work.names, self.tiles, scope | loop_vars((loop,)), self)
+        body = loop.body
+        operands = dict.fromkeys(e for s in walk(body) for x in stmt_exprs(s)
+                                 for e in S.subexpressions(x)
+                                 if isinstance(e, S.Access) and loop.var in _symbols(e.index))
+        for access in operands:
+            panel = self._panel(access, loop.var, tile, work)
+            body = tuple(map_stmt_exprs(s, lambda e: S.replace_node(e, access, panel))
+                         for s in body)
+        copies = [copy_iteration(body, loop.var, f * tile + v, v, work.names) for v in range(f)]
+        full = idiv(loop.stop, f)
+        tiles = Loop(tile, sympy.expand(loop.start / f), full,
+                     tuple(_vector_tile(s) for s in jam(self, copies)))
+        return [tiles, replace(loop, start=f * full)]
+
+    def _panel(self, access, var, tile, work):
+        """The read of `access` from its panel (made on first use): the array with its axis
+        indexed by var cut into tiles of `lanes`, the lane its last axis."""
+        at = [k for k, i in enumerate(access.index) if var in sympy.sympify(i).free_symbols]
+        if len(at) != 1 or access.index[at[0]] != var:
+            raise ScheduleError(f"{self}: {access.array} is read at {access.index}: a panel "
+                                f"needs {var} alone at one position")
+        k, f = at[0], self.lanes
+        if access.array not in work.packs:
+            work.packs[access.array] = self._pack(access.array, k, work)
+        index = access.index[:k] + (tile,) + access.index[k + 1:] + (var - f * tile,)
+        return S.Access(work.packs[access.array][0].name, index)
+
+    def _pack(self, array, k, work):
+        """(the panel buffer, the nest body copying `array` into it), parallel over the
+        loops down to the tiles."""
+        buffers = work.onf.inputs + work.onf.outputs + work.onf.temps
+        shape = next(b.shape for b in buffers if b.name == array)
+        f, names = self.lanes, work.names
+        panel = Buffer(names.claim(names.new(f"{array}_panel")),
+                       shape[:k] + (idiv(shape[k], f),) + shape[k + 1:] + (sympy.Integer(f),))
+        axes = [sympy.Symbol(names.claim(names.new(f"a{p}")), integer=True)
+                for p in range(len(shape))]
+        lane = sympy.Symbol(names.claim(names.new("lane")), integer=True)
+        source = axes[:k] + [f * axes[k] + lane] + axes[k + 1:]
+        copy = (Loop(lane, sympy.Integer(0), sympy.Integer(f),
+                     (Store(panel.name, tuple(axes) + (lane,), S.Access(array, tuple(source))),)),)
+        for p in reversed(range(len(shape))):
+            copy = (Loop(axes[p], sympy.Integer(0), panel.shape[p], copy),)
+        return panel, (replace(copy[0], parallel=k + 1),)
+
+
+@dataclass(frozen=True)
+class ColumnTiles(_InnerLoops):
+    nest: str
+    loop: str = "j"
+    cols: str = "c"
+    lanes: int = 8
+    _wanted = "loop over the keys adding into elements it does not index"
+
+    def __str__(self):
+        return f"column_tiles({self.nest}, {self.loop}, {self.cols}, {self.lanes})"
+
+    @property
+    def tiles(self) -> str:
+        """The loops over tiles of `lanes` columns it creates (c_tile)."""
+        return loop_role(self.cols, "tile")
+
+    @staticmethod
+    def _selects(loop):
+        return bool(summed_arrays(loop))
+
+    def _tile(self, loop, scope, work):
+        check_sum_only(self, loop, summed_arrays(loop))
+        lets = [s for s in loop.body if isinstance(s, Let)]
+        inner = [s for s in loop.body if not isinstance(s, Let)]
+        col = inner[0] if len(inner) == 1 else None
+        if (col is None or not isinstance(col, Loop) or col.var.name != self.cols
+                or col.start != 0 or loop.var in _symbols((col.stop,))
+                or not all(isinstance(s, Store) and s.accumulate == "+" for s in col.body)):
+            raise ScheduleError(f"{self}: the loop over {self.loop} must hold locals and one "
+                                f"loop over {self.cols} from 0 of additions into arrays")
+        f = self.lanes
+        tile = claim_loop(work.names, self.tiles, scope | loop_vars((loop,)), self)
+        inlined = {}
+        for let in lets:  # each let in the ones after it, then in the additions
+            inlined[let.name] = S.subs_locals(let.value, inlined)
+        accs, sums, stores = [], [], []
+        for store in col.body:
+            for v in range(f):
+                at = {col.var: f * tile + v}
+                index = tuple(sympy.sympify(i).xreplace(at) for i in store.index)
+                acc = work.names.claim(work.names.new(f"{store.array.lower()}_{v}"))
+                work.names.locals.add(acc)
+                accs.append(Let(acc, S.Access(store.array, index)))
+                sums.append(Update(acc, "+", S.subs(S.subs_locals(store.value, inlined), at)))
+                stores.append(Store(store.array, index, S.Local(acc)))
+        keys = replace(loop, body=tuple(sums), vector_tile=True)
+        tiles = Loop(tile, sympy.Integer(0), idiv(col.stop, f), tuple(accs + [keys] + stores))
+        edge = replace(loop, body=tuple(lets) + (replace(col, start=f * idiv(col.stop, f)),))
+        return [tiles, edge]
