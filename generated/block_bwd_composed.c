@@ -95,2982 +95,6 @@ double exp(double) __attribute__((__simd__("notinbranch")));
 float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
 
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f64_mlp_dH(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict inv_rms1,
-    const double *restrict Q,
-    const double *restrict K,
-    const double *restrict V,
-    const double *restrict attn,
-    const double *restrict lse,
-    const double *restrict resid,
-    const double *restrict inv_rms2,
-    const double *restrict U,
-    const double *restrict dy,
-    double *restrict dx,
-    double *restrict dnorm1,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict dWo,
-    double *restrict dnorm2,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict xn2,
-    double *restrict dxn2,
-    double *restrict dresid_norm,
-    double *restrict dresid,
-    double *restrict dattn,
-    double *restrict dQ,
-    double *restrict dK,
-    double *restrict dV,
-    double *restrict xn1,
-    double *restrict dxn1,
-    double *restrict dx_norm,
-    double *restrict mlp_WdT,
-    double *restrict mlp_dH,
-    double *restrict mlp_V,
-    double *restrict mlp_dU,
-    double *restrict mlp_WgT,
-    double *restrict mlp_dV,
-    double *restrict mlp_WuT,
-    double *restrict mlp_XT,
-    double *restrict mlp_HT,
-    double *restrict mlp_WdT_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_WgT_panel,
-    double *restrict mlp_WuT_panel,
-    double *restrict mlp_dU_panel,
-    double *restrict mlp_dV_panel,
-    double *restrict mlp_dF_panel,
-    double *restrict norm2_dweight_part,
-    double *restrict out_WoT,
-    double *restrict out_WoT_panel,
-    double *restrict out_dY_panel,
-    double *restrict attn_delta,
-    double *restrict qkv_WqT,
-    double *restrict qkv_WkT,
-    double *restrict qkv_WvT,
-    double *restrict qkv_WqT_panel,
-    double *restrict qkv_WkT_panel,
-    double *restrict qkv_WvT_panel,
-    double *restrict qkv_dQ_panel,
-    double *restrict qkv_dK_panel,
-    double *restrict qkv_dV_panel,
-    double *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    /* mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
-     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t dy_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t dy_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t dy_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t dy_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t dy_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t dy_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
-                    for (int64_t c = 0; c < dm; ++c) {
-                        acc_0_0 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                        acc_0_1 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_0_2 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_0_3 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_0_4 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_0_5 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_0_6 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_0_7 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_1_0 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                        acc_1_1 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_1_2 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_1_3 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_1_4 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_1_5 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_1_6 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_1_7 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_2_0 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                        acc_2_1 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_2_2 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_2_3 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_2_4 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_2_5 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_2_6 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_2_7 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_3_0 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                        acc_3_1 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_3_2 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_3_3 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_3_4 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_3_5 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_3_6 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_3_7 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_4_0 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                        acc_4_1 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_4_2 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_4_3 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_4_4 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_4_5 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_4_6 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_4_7 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_5_0 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                        acc_5_1 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_5_2 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_5_3 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_5_4 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_5_5 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_5_6 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_5_7 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                    }
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f64_mlp_V(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict inv_rms1,
-    const double *restrict Q,
-    const double *restrict K,
-    const double *restrict V,
-    const double *restrict attn,
-    const double *restrict lse,
-    const double *restrict resid,
-    const double *restrict inv_rms2,
-    const double *restrict U,
-    const double *restrict dy,
-    double *restrict dx,
-    double *restrict dnorm1,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict dWo,
-    double *restrict dnorm2,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict xn2,
-    double *restrict dxn2,
-    double *restrict dresid_norm,
-    double *restrict dresid,
-    double *restrict dattn,
-    double *restrict dQ,
-    double *restrict dK,
-    double *restrict dV,
-    double *restrict xn1,
-    double *restrict dxn1,
-    double *restrict dx_norm,
-    double *restrict mlp_WdT,
-    double *restrict mlp_dH,
-    double *restrict mlp_V,
-    double *restrict mlp_dU,
-    double *restrict mlp_WgT,
-    double *restrict mlp_dV,
-    double *restrict mlp_WuT,
-    double *restrict mlp_XT,
-    double *restrict mlp_HT,
-    double *restrict mlp_WdT_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_WgT_panel,
-    double *restrict mlp_WuT_panel,
-    double *restrict mlp_dU_panel,
-    double *restrict mlp_dV_panel,
-    double *restrict mlp_dF_panel,
-    double *restrict norm2_dweight_part,
-    double *restrict out_WoT,
-    double *restrict out_WoT_panel,
-    double *restrict out_dY_panel,
-    double *restrict attn_delta,
-    double *restrict qkv_WqT,
-    double *restrict qkv_WkT,
-    double *restrict qkv_WvT,
-    double *restrict qkv_WqT_panel,
-    double *restrict qkv_WkT_panel,
-    double *restrict qkv_WvT_panel,
-    double *restrict qkv_dQ_panel,
-    double *restrict qkv_dK_panel,
-    double *restrict qkv_dV_panel,
-    double *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    /* mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
-     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
-                    for (int64_t c = 0; c < dm; ++c) {
-                        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    }
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f64_mlp_dX(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict inv_rms1,
-    const double *restrict Q,
-    const double *restrict K,
-    const double *restrict V,
-    const double *restrict attn,
-    const double *restrict lse,
-    const double *restrict resid,
-    const double *restrict inv_rms2,
-    const double *restrict U,
-    const double *restrict dy,
-    double *restrict dx,
-    double *restrict dnorm1,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict dWo,
-    double *restrict dnorm2,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict xn2,
-    double *restrict dxn2,
-    double *restrict dresid_norm,
-    double *restrict dresid,
-    double *restrict dattn,
-    double *restrict dQ,
-    double *restrict dK,
-    double *restrict dV,
-    double *restrict xn1,
-    double *restrict dxn1,
-    double *restrict dx_norm,
-    double *restrict mlp_WdT,
-    double *restrict mlp_dH,
-    double *restrict mlp_V,
-    double *restrict mlp_dU,
-    double *restrict mlp_WgT,
-    double *restrict mlp_dV,
-    double *restrict mlp_WuT,
-    double *restrict mlp_XT,
-    double *restrict mlp_HT,
-    double *restrict mlp_WdT_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_WgT_panel,
-    double *restrict mlp_WuT_panel,
-    double *restrict mlp_dU_panel,
-    double *restrict mlp_dV_panel,
-    double *restrict mlp_dF_panel,
-    double *restrict norm2_dweight_part,
-    double *restrict out_WoT,
-    double *restrict out_WoT_panel,
-    double *restrict out_dY_panel,
-    double *restrict attn_delta,
-    double *restrict qkv_WqT,
-    double *restrict qkv_WkT,
-    double *restrict qkv_WvT,
-    double *restrict qkv_WqT_panel,
-    double *restrict qkv_WkT_panel,
-    double *restrict qkv_WvT_panel,
-    double *restrict qkv_dQ_panel,
-    double *restrict qkv_dK_panel,
-    double *restrict qkv_dV_panel,
-    double *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    /* mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
-     * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t mlp_dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t mlp_dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t mlp_dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t mlp_dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t mlp_dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t mlp_dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    const int64_t mlp_dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t mlp_dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t mlp_dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t mlp_dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t mlp_dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t mlp_dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
-                    for (int64_t e = 0; e < dff; ++e) {
-                        acc_0_0 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                        acc_0_1 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_0_2 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_0_3 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_0_4 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_0_5 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_0_6 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_0_7 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_1_0 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                        acc_1_1 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_1_2 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_1_3 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_1_4 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_1_5 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_1_6 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_1_7 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_2_0 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                        acc_2_1 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_2_2 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_2_3 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_2_4 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_2_5 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_2_6 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_2_7 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_3_0 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                        acc_3_1 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_3_2 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_3_3 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_3_4 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_3_5 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_3_6 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_3_7 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_4_0 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                        acc_4_1 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_4_2 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_4_3 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_4_4 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_4_5 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_4_6 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_4_7 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_5_0 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                        acc_5_1 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_5_2 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_5_3 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_5_4 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_5_5 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_5_6 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_5_7 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                    }
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f64_mlp_dWg(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict inv_rms1,
-    const double *restrict Q,
-    const double *restrict K,
-    const double *restrict V,
-    const double *restrict attn,
-    const double *restrict lse,
-    const double *restrict resid,
-    const double *restrict inv_rms2,
-    const double *restrict U,
-    const double *restrict dy,
-    double *restrict dx,
-    double *restrict dnorm1,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict dWo,
-    double *restrict dnorm2,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict xn2,
-    double *restrict dxn2,
-    double *restrict dresid_norm,
-    double *restrict dresid,
-    double *restrict dattn,
-    double *restrict dQ,
-    double *restrict dK,
-    double *restrict dV,
-    double *restrict xn1,
-    double *restrict dxn1,
-    double *restrict dx_norm,
-    double *restrict mlp_WdT,
-    double *restrict mlp_dH,
-    double *restrict mlp_V,
-    double *restrict mlp_dU,
-    double *restrict mlp_WgT,
-    double *restrict mlp_dV,
-    double *restrict mlp_WuT,
-    double *restrict mlp_XT,
-    double *restrict mlp_HT,
-    double *restrict mlp_WdT_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_WgT_panel,
-    double *restrict mlp_WuT_panel,
-    double *restrict mlp_dU_panel,
-    double *restrict mlp_dV_panel,
-    double *restrict mlp_dF_panel,
-    double *restrict norm2_dweight_part,
-    double *restrict out_WoT,
-    double *restrict out_WoT_panel,
-    double *restrict out_dY_panel,
-    double *restrict attn_delta,
-    double *restrict qkv_WqT,
-    double *restrict qkv_WkT,
-    double *restrict qkv_WvT,
-    double *restrict qkv_WqT_panel,
-    double *restrict qkv_WkT_panel,
-    double *restrict qkv_WvT_panel,
-    double *restrict qkv_dQ_panel,
-    double *restrict qkv_dK_panel,
-    double *restrict qkv_dV_panel,
-    double *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    /* mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
-     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
-                const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
-                const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
-                const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
-                const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
-                const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
-                for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                }
-            }
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f64_mlp_dWu(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict inv_rms1,
-    const double *restrict Q,
-    const double *restrict K,
-    const double *restrict V,
-    const double *restrict attn,
-    const double *restrict lse,
-    const double *restrict resid,
-    const double *restrict inv_rms2,
-    const double *restrict U,
-    const double *restrict dy,
-    double *restrict dx,
-    double *restrict dnorm1,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict dWo,
-    double *restrict dnorm2,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict xn2,
-    double *restrict dxn2,
-    double *restrict dresid_norm,
-    double *restrict dresid,
-    double *restrict dattn,
-    double *restrict dQ,
-    double *restrict dK,
-    double *restrict dV,
-    double *restrict xn1,
-    double *restrict dxn1,
-    double *restrict dx_norm,
-    double *restrict mlp_WdT,
-    double *restrict mlp_dH,
-    double *restrict mlp_V,
-    double *restrict mlp_dU,
-    double *restrict mlp_WgT,
-    double *restrict mlp_dV,
-    double *restrict mlp_WuT,
-    double *restrict mlp_XT,
-    double *restrict mlp_HT,
-    double *restrict mlp_WdT_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_WgT_panel,
-    double *restrict mlp_WuT_panel,
-    double *restrict mlp_dU_panel,
-    double *restrict mlp_dV_panel,
-    double *restrict mlp_dF_panel,
-    double *restrict norm2_dweight_part,
-    double *restrict out_WoT,
-    double *restrict out_WoT_panel,
-    double *restrict out_dY_panel,
-    double *restrict attn_delta,
-    double *restrict qkv_WqT,
-    double *restrict qkv_WkT,
-    double *restrict qkv_WvT,
-    double *restrict qkv_WqT_panel,
-    double *restrict qkv_WkT_panel,
-    double *restrict qkv_WvT_panel,
-    double *restrict qkv_dQ_panel,
-    double *restrict qkv_dK_panel,
-    double *restrict qkv_dV_panel,
-    double *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    /* mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
-     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
-                const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
-                const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
-                const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
-                const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
-                const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
-                for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                }
-            }
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f64_mlp_dWd(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict inv_rms1,
-    const double *restrict Q,
-    const double *restrict K,
-    const double *restrict V,
-    const double *restrict attn,
-    const double *restrict lse,
-    const double *restrict resid,
-    const double *restrict inv_rms2,
-    const double *restrict U,
-    const double *restrict dy,
-    double *restrict dx,
-    double *restrict dnorm1,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict dWo,
-    double *restrict dnorm2,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict xn2,
-    double *restrict dxn2,
-    double *restrict dresid_norm,
-    double *restrict dresid,
-    double *restrict dattn,
-    double *restrict dQ,
-    double *restrict dK,
-    double *restrict dV,
-    double *restrict xn1,
-    double *restrict dxn1,
-    double *restrict dx_norm,
-    double *restrict mlp_WdT,
-    double *restrict mlp_dH,
-    double *restrict mlp_V,
-    double *restrict mlp_dU,
-    double *restrict mlp_WgT,
-    double *restrict mlp_dV,
-    double *restrict mlp_WuT,
-    double *restrict mlp_XT,
-    double *restrict mlp_HT,
-    double *restrict mlp_WdT_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_WgT_panel,
-    double *restrict mlp_WuT_panel,
-    double *restrict mlp_dU_panel,
-    double *restrict mlp_dV_panel,
-    double *restrict mlp_dF_panel,
-    double *restrict norm2_dweight_part,
-    double *restrict out_WoT,
-    double *restrict out_WoT_panel,
-    double *restrict out_dY_panel,
-    double *restrict attn_delta,
-    double *restrict qkv_WqT,
-    double *restrict qkv_WkT,
-    double *restrict qkv_WvT,
-    double *restrict qkv_WqT_panel,
-    double *restrict qkv_WkT_panel,
-    double *restrict qkv_WvT_panel,
-    double *restrict qkv_dQ_panel,
-    double *restrict qkv_dK_panel,
-    double *restrict qkv_dV_panel,
-    double *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    /* mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
-     * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                const int64_t mlp_HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
-                const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
-                const int64_t mlp_HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
-                const int64_t mlp_HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
-                const int64_t mlp_HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
-                const int64_t mlp_HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
-                for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_0_4 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_0_5 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_0_6 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_0_7 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_1_4 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_1_5 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_1_6 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_1_7 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_2_0 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_2_1 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_2_2 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_2_3 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_2_4 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_2_5 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_2_6 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_2_7 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_3_0 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_3_1 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_3_2 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_3_3 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_3_4 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_3_5 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_3_6 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_3_7 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_4_0 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_4_1 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_4_2 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_4_3 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_4_4 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_4_5 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_4_6 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_4_7 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_5_0 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_5_1 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_5_2 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_5_3 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_5_4 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_5_5 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_5_6 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_5_7 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                }
-            }
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f64_out_dO(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict inv_rms1,
-    const double *restrict Q,
-    const double *restrict K,
-    const double *restrict V,
-    const double *restrict attn,
-    const double *restrict lse,
-    const double *restrict resid,
-    const double *restrict inv_rms2,
-    const double *restrict U,
-    const double *restrict dy,
-    double *restrict dx,
-    double *restrict dnorm1,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict dWo,
-    double *restrict dnorm2,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict xn2,
-    double *restrict dxn2,
-    double *restrict dresid_norm,
-    double *restrict dresid,
-    double *restrict dattn,
-    double *restrict dQ,
-    double *restrict dK,
-    double *restrict dV,
-    double *restrict xn1,
-    double *restrict dxn1,
-    double *restrict dx_norm,
-    double *restrict mlp_WdT,
-    double *restrict mlp_dH,
-    double *restrict mlp_V,
-    double *restrict mlp_dU,
-    double *restrict mlp_WgT,
-    double *restrict mlp_dV,
-    double *restrict mlp_WuT,
-    double *restrict mlp_XT,
-    double *restrict mlp_HT,
-    double *restrict mlp_WdT_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_WgT_panel,
-    double *restrict mlp_WuT_panel,
-    double *restrict mlp_dU_panel,
-    double *restrict mlp_dV_panel,
-    double *restrict mlp_dF_panel,
-    double *restrict norm2_dweight_part,
-    double *restrict out_WoT,
-    double *restrict out_WoT_panel,
-    double *restrict out_dY_panel,
-    double *restrict attn_delta,
-    double *restrict qkv_WqT,
-    double *restrict qkv_WkT,
-    double *restrict qkv_WvT,
-    double *restrict qkv_WqT_panel,
-    double *restrict qkv_WkT_panel,
-    double *restrict qkv_WvT_panel,
-    double *restrict qkv_dQ_panel,
-    double *restrict qkv_dK_panel,
-    double *restrict qkv_dV_panel,
-    double *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    /* out.dO: scratch dattn, dresid, out_WoT_panel
-     * for b, h, c_tile (parallel) / i_tile / m (register tile)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    const int64_t dresid_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t dresid_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t dresid_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t dresid_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t dresid_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t dresid_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
-                    for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                    }
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f64_out_dWo(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict inv_rms1,
-    const double *restrict Q,
-    const double *restrict K,
-    const double *restrict V,
-    const double *restrict attn,
-    const double *restrict lse,
-    const double *restrict resid,
-    const double *restrict inv_rms2,
-    const double *restrict U,
-    const double *restrict dy,
-    double *restrict dx,
-    double *restrict dnorm1,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict dWo,
-    double *restrict dnorm2,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict xn2,
-    double *restrict dxn2,
-    double *restrict dresid_norm,
-    double *restrict dresid,
-    double *restrict dattn,
-    double *restrict dQ,
-    double *restrict dK,
-    double *restrict dV,
-    double *restrict xn1,
-    double *restrict dxn1,
-    double *restrict dx_norm,
-    double *restrict mlp_WdT,
-    double *restrict mlp_dH,
-    double *restrict mlp_V,
-    double *restrict mlp_dU,
-    double *restrict mlp_WgT,
-    double *restrict mlp_dV,
-    double *restrict mlp_WuT,
-    double *restrict mlp_XT,
-    double *restrict mlp_HT,
-    double *restrict mlp_WdT_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_WgT_panel,
-    double *restrict mlp_WuT_panel,
-    double *restrict mlp_dU_panel,
-    double *restrict mlp_dV_panel,
-    double *restrict mlp_dF_panel,
-    double *restrict norm2_dweight_part,
-    double *restrict out_WoT,
-    double *restrict out_WoT_panel,
-    double *restrict out_dY_panel,
-    double *restrict attn_delta,
-    double *restrict qkv_WqT,
-    double *restrict qkv_WkT,
-    double *restrict qkv_WvT,
-    double *restrict qkv_WqT_panel,
-    double *restrict qkv_WkT_panel,
-    double *restrict qkv_WvT_panel,
-    double *restrict qkv_dQ_panel,
-    double *restrict qkv_dK_panel,
-    double *restrict qkv_dV_panel,
-    double *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    /* out.dWo: writes dWo; reads attn; scratch out_dY_panel
-     * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-            for (int64_t c_tile = 0; c_tile < ((dh + 5) / 6); ++c_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                        acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                        acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                        acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                        acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                        acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                        acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                        acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                        acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                        acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                        acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                        acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                        acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                        acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                        acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                        acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                        acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                        acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                        acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                        acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                        acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                        acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                        acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                        acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                        acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                        acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                        acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                        acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                        acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                        acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                        acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                        acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                        acc_4_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                        acc_4_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                        acc_4_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                        acc_4_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                        acc_4_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                        acc_4_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                        acc_4_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                        acc_4_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                        acc_5_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                        acc_5_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                        acc_5_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                        acc_5_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                        acc_5_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                        acc_5_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                        acc_5_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                        acc_5_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                    }
-                }
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile] = acc_1_0;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile] = acc_2_0;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile] = acc_3_0;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile] = acc_4_0;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile] = acc_5_0;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 7] = acc_5_7;
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f64_qkv_dX(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict inv_rms1,
-    const double *restrict Q,
-    const double *restrict K,
-    const double *restrict V,
-    const double *restrict attn,
-    const double *restrict lse,
-    const double *restrict resid,
-    const double *restrict inv_rms2,
-    const double *restrict U,
-    const double *restrict dy,
-    double *restrict dx,
-    double *restrict dnorm1,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict dWo,
-    double *restrict dnorm2,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict xn2,
-    double *restrict dxn2,
-    double *restrict dresid_norm,
-    double *restrict dresid,
-    double *restrict dattn,
-    double *restrict dQ,
-    double *restrict dK,
-    double *restrict dV,
-    double *restrict xn1,
-    double *restrict dxn1,
-    double *restrict dx_norm,
-    double *restrict mlp_WdT,
-    double *restrict mlp_dH,
-    double *restrict mlp_V,
-    double *restrict mlp_dU,
-    double *restrict mlp_WgT,
-    double *restrict mlp_dV,
-    double *restrict mlp_WuT,
-    double *restrict mlp_XT,
-    double *restrict mlp_HT,
-    double *restrict mlp_WdT_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_WgT_panel,
-    double *restrict mlp_WuT_panel,
-    double *restrict mlp_dU_panel,
-    double *restrict mlp_dV_panel,
-    double *restrict mlp_dF_panel,
-    double *restrict norm2_dweight_part,
-    double *restrict out_WoT,
-    double *restrict out_WoT_panel,
-    double *restrict out_dY_panel,
-    double *restrict attn_delta,
-    double *restrict qkv_WqT,
-    double *restrict qkv_WkT,
-    double *restrict qkv_WvT,
-    double *restrict qkv_WqT_panel,
-    double *restrict qkv_WkT_panel,
-    double *restrict qkv_WvT_panel,
-    double *restrict qkv_dQ_panel,
-    double *restrict qkv_dK_panel,
-    double *restrict qkv_dV_panel,
-    double *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    /* qkv.dX: scratch dxn1, dQ, qkv_WqT_panel, dK, qkv_WkT_panel, dV, qkv_WvT_panel
-     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t h = 0; h < heads; ++h) {
-                    const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                    }
-                }
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f64_qkv_dWq(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict inv_rms1,
-    const double *restrict Q,
-    const double *restrict K,
-    const double *restrict V,
-    const double *restrict attn,
-    const double *restrict lse,
-    const double *restrict resid,
-    const double *restrict inv_rms2,
-    const double *restrict U,
-    const double *restrict dy,
-    double *restrict dx,
-    double *restrict dnorm1,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict dWo,
-    double *restrict dnorm2,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict xn2,
-    double *restrict dxn2,
-    double *restrict dresid_norm,
-    double *restrict dresid,
-    double *restrict dattn,
-    double *restrict dQ,
-    double *restrict dK,
-    double *restrict dV,
-    double *restrict xn1,
-    double *restrict dxn1,
-    double *restrict dx_norm,
-    double *restrict mlp_WdT,
-    double *restrict mlp_dH,
-    double *restrict mlp_V,
-    double *restrict mlp_dU,
-    double *restrict mlp_WgT,
-    double *restrict mlp_dV,
-    double *restrict mlp_WuT,
-    double *restrict mlp_XT,
-    double *restrict mlp_HT,
-    double *restrict mlp_WdT_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_WgT_panel,
-    double *restrict mlp_WuT_panel,
-    double *restrict mlp_dU_panel,
-    double *restrict mlp_dV_panel,
-    double *restrict mlp_dF_panel,
-    double *restrict norm2_dweight_part,
-    double *restrict out_WoT,
-    double *restrict out_WoT_panel,
-    double *restrict out_dY_panel,
-    double *restrict attn_delta,
-    double *restrict qkv_WqT,
-    double *restrict qkv_WkT,
-    double *restrict qkv_WvT,
-    double *restrict qkv_WqT_panel,
-    double *restrict qkv_WkT_panel,
-    double *restrict qkv_WvT_panel,
-    double *restrict qkv_dQ_panel,
-    double *restrict qkv_dK_panel,
-    double *restrict qkv_dV_panel,
-    double *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    /* qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
-     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f64_qkv_dWk(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict inv_rms1,
-    const double *restrict Q,
-    const double *restrict K,
-    const double *restrict V,
-    const double *restrict attn,
-    const double *restrict lse,
-    const double *restrict resid,
-    const double *restrict inv_rms2,
-    const double *restrict U,
-    const double *restrict dy,
-    double *restrict dx,
-    double *restrict dnorm1,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict dWo,
-    double *restrict dnorm2,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict xn2,
-    double *restrict dxn2,
-    double *restrict dresid_norm,
-    double *restrict dresid,
-    double *restrict dattn,
-    double *restrict dQ,
-    double *restrict dK,
-    double *restrict dV,
-    double *restrict xn1,
-    double *restrict dxn1,
-    double *restrict dx_norm,
-    double *restrict mlp_WdT,
-    double *restrict mlp_dH,
-    double *restrict mlp_V,
-    double *restrict mlp_dU,
-    double *restrict mlp_WgT,
-    double *restrict mlp_dV,
-    double *restrict mlp_WuT,
-    double *restrict mlp_XT,
-    double *restrict mlp_HT,
-    double *restrict mlp_WdT_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_WgT_panel,
-    double *restrict mlp_WuT_panel,
-    double *restrict mlp_dU_panel,
-    double *restrict mlp_dV_panel,
-    double *restrict mlp_dF_panel,
-    double *restrict norm2_dweight_part,
-    double *restrict out_WoT,
-    double *restrict out_WoT_panel,
-    double *restrict out_dY_panel,
-    double *restrict attn_delta,
-    double *restrict qkv_WqT,
-    double *restrict qkv_WkT,
-    double *restrict qkv_WvT,
-    double *restrict qkv_WqT_panel,
-    double *restrict qkv_WkT_panel,
-    double *restrict qkv_WvT_panel,
-    double *restrict qkv_dQ_panel,
-    double *restrict qkv_dK_panel,
-    double *restrict qkv_dV_panel,
-    double *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    /* qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
-     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f64_qkv_dWv(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict inv_rms1,
-    const double *restrict Q,
-    const double *restrict K,
-    const double *restrict V,
-    const double *restrict attn,
-    const double *restrict lse,
-    const double *restrict resid,
-    const double *restrict inv_rms2,
-    const double *restrict U,
-    const double *restrict dy,
-    double *restrict dx,
-    double *restrict dnorm1,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict dWo,
-    double *restrict dnorm2,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict xn2,
-    double *restrict dxn2,
-    double *restrict dresid_norm,
-    double *restrict dresid,
-    double *restrict dattn,
-    double *restrict dQ,
-    double *restrict dK,
-    double *restrict dV,
-    double *restrict xn1,
-    double *restrict dxn1,
-    double *restrict dx_norm,
-    double *restrict mlp_WdT,
-    double *restrict mlp_dH,
-    double *restrict mlp_V,
-    double *restrict mlp_dU,
-    double *restrict mlp_WgT,
-    double *restrict mlp_dV,
-    double *restrict mlp_WuT,
-    double *restrict mlp_XT,
-    double *restrict mlp_HT,
-    double *restrict mlp_WdT_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_WgT_panel,
-    double *restrict mlp_WuT_panel,
-    double *restrict mlp_dU_panel,
-    double *restrict mlp_dV_panel,
-    double *restrict mlp_dF_panel,
-    double *restrict norm2_dweight_part,
-    double *restrict out_WoT,
-    double *restrict out_WoT_panel,
-    double *restrict out_dY_panel,
-    double *restrict attn_delta,
-    double *restrict qkv_WqT,
-    double *restrict qkv_WkT,
-    double *restrict qkv_WvT,
-    double *restrict qkv_WqT_panel,
-    double *restrict qkv_WkT_panel,
-    double *restrict qkv_WvT_panel,
-    double *restrict qkv_dQ_panel,
-    double *restrict qkv_dK_panel,
-    double *restrict qkv_dV_panel,
-    double *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    /* qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
-     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
-}
-
 void block_bwd_composed_f64(
     const double *restrict x,
     const double *restrict norm1,
@@ -3188,7 +212,171 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_mlp_dH(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
+     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t dy_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dy_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dy_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dy_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dy_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dy_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* mlp.dH.edge: reads dy; scratch mlp_dH, mlp_WdT
      * for b, i (parallel) / e / c (simd)
      */
@@ -3218,7 +406,171 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_mlp_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
+     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* mlp.V.edge: reads Wu; scratch mlp_V, xn2
      * for b, i (parallel) / e / c (simd)
      */
@@ -3307,7 +659,177 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_mlp_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
+     * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t mlp_dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t mlp_dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t mlp_dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t mlp_dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t mlp_dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t mlp_dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t mlp_dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t mlp_dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t mlp_dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t mlp_dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t mlp_dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t mlp_dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t e = 0; e < dff; ++e) {
+                        acc_0_0 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_0_1 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_0_2 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_0_3 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_0_4 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_0_5 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_0_6 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_0_7 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_1_0 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_1_1 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_1_2 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_1_3 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_1_4 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_1_5 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_1_6 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_1_7 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_2_0 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_2_1 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_2_2 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_2_3 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_2_4 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_2_5 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_2_6 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_2_7 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_3_0 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_3_1 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_3_2 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_3_3 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_3_4 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_3_5 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_3_6 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_3_7 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_4_0 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_4_1 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_4_2 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_4_3 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_4_4 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_4_5 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_4_6 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_4_7 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_5_0 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_5_1 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_5_2 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_5_3 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_5_4 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_5_5 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_5_6 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_5_7 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    }
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* mlp.dX.edge: scratch dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT
      * for b, i (parallel) / c / e (simd)
      */
@@ -3352,7 +874,170 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_mlp_dWg(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            #pragma omp simd if(simd: 0)
+            for (int64_t b = 0; b < batch; ++b) {
+                const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
+                #pragma omp simd if(simd: 0)
+                for (int64_t i = 0; i < n; ++i) {
+                    acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                }
+            }
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
+        }
+    }
     /* mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
      * for c (parallel) / e / b / i (simd)
      */
@@ -3387,7 +1072,170 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_mlp_dWu(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            #pragma omp simd if(simd: 0)
+            for (int64_t b = 0; b < batch; ++b) {
+                const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
+                #pragma omp simd if(simd: 0)
+                for (int64_t i = 0; i < n; ++i) {
+                    acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                }
+            }
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
+        }
+    }
     /* mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
      * for c (parallel) / e / b / i (simd)
      */
@@ -3434,7 +1282,170 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_mlp_dWd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
+     * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            #pragma omp simd if(simd: 0)
+            for (int64_t b = 0; b < batch; ++b) {
+                const int64_t mlp_HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
+                const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
+                const int64_t mlp_HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
+                const int64_t mlp_HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
+                const int64_t mlp_HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
+                const int64_t mlp_HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
+                #pragma omp simd if(simd: 0)
+                for (int64_t i = 0; i < n; ++i) {
+                    acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_0_4 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_0_5 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_0_6 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_0_7 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_1_4 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_1_5 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_1_6 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_1_7 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_2_0 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_2_1 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_2_2 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_2_3 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_2_4 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_2_5 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_2_6 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_2_7 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_3_0 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_3_1 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_3_2 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_3_3 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_3_4 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_3_5 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_3_6 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_3_7 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_4_0 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_4_1 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_4_2 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_4_3 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_4_4 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_4_5 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_4_6 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_4_7 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_5_0 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_5_1 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_5_2 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_5_3 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_5_4 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_5_5 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_5_6 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_5_7 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                }
+            }
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
+        }
+    }
     /* mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
      * for e (parallel) / c / b / i (simd)
      */
@@ -3530,7 +1541,171 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_out_dO(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* out.dO: scratch dattn, dresid, out_WoT_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t dresid_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dresid_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dresid_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dresid_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dresid_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dresid_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        acc_0_0 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                    }
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* out.dO.edge: scratch dattn, dresid, out_WoT
      * for b, h, i (parallel) / c / m (simd)
      */
@@ -3566,7 +1741,166 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_out_dWo(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* out.dWo: writes dWo; reads attn; scratch out_dY_panel
+     * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+            for (int64_t c_tile = 0; c_tile < ((dh + 5) / 6); ++c_tile) {
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                #pragma omp simd if(simd: 0)
+                for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_4_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_4_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_4_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_4_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_4_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_4_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_4_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_4_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_5_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_5_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_5_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_5_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_5_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_5_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_5_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_5_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                    }
+                }
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile] = acc_1_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile] = acc_2_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile] = acc_3_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile] = acc_4_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile] = acc_5_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 7] = acc_5_7;
+            }
+        }
+    }
     /* out.dWo.edge: writes dWo; reads attn; scratch dresid
      * for h, c (parallel) / m / b / i (simd)
      */
@@ -3793,2267 +2127,6 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_qkv_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* qkv.dX.edge: scratch dxn1, dQ, qkv_WqT, dK, qkv_WkT, dV, qkv_WvT
-     * for b, i (parallel) / m / h / c (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                double heads_sum = 0.0;
-                for (int64_t h = 0; h < heads; ++h) {
-                    const int64_t dQ_row = dh*(i + n*(b*heads + h));
-                    const int64_t dK_row = dh*(i + n*(b*heads + h));
-                    const int64_t dV_row = dh*(i + n*(b*heads + h));
-                    double gw = 0.0;
-                    #pragma omp simd reduction(+:gw)
-                    for (int64_t c = 0; c < dh; ++c) {
-                        gw += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
-                    }
-                    heads_sum += gw;
-                }
-                dxn1[dm*(b*n + i) + m] = heads_sum;
-            }
-        }
-    }
-    /* qkv.dWq.pack_dQ: scratch qkv_dQ_panel, dQ
-     * for h (parallel) / c_tile / b / i / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t b = 0; b < batch; ++b) {
-                for (int64_t i = 0; i < n; ++i) {
-                    const int64_t qkv_dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
-                    const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
-                    #pragma omp simd
-                    for (int64_t lane = 0; lane < 8; ++lane) {
-                        qkv_dQ_panel[qkv_dQ_panel_row + lane] = dQ[dQ_row + lane];
-                    }
-                }
-            }
-        }
-    }
-    block_bwd_composed_f64_qkv_dWq(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* qkv.dWq.edge: writes dWq; scratch xn1, dQ
-     * for h, m (parallel) / c / b / i (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m = 0; m < dm; ++m) {
-            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
-                    for (int64_t i = 0; i < n; ++i) {
-                        xg += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
-                    }
-                    batches += xg;
-                }
-                dWq[c + dh*(h + heads*m)] = batches;
-            }
-        }
-    }
-    /* qkv.dWk.pack_dK: scratch qkv_dK_panel, dK
-     * for h (parallel) / c_tile / b / i / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t b = 0; b < batch; ++b) {
-                for (int64_t i = 0; i < n; ++i) {
-                    const int64_t qkv_dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
-                    const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
-                    #pragma omp simd
-                    for (int64_t lane = 0; lane < 8; ++lane) {
-                        qkv_dK_panel[qkv_dK_panel_row + lane] = dK[dK_row + lane];
-                    }
-                }
-            }
-        }
-    }
-    block_bwd_composed_f64_qkv_dWk(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* qkv.dWk.edge: writes dWk; scratch xn1, dK
-     * for h, m (parallel) / c / b / i (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m = 0; m < dm; ++m) {
-            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
-                    for (int64_t i = 0; i < n; ++i) {
-                        xg += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
-                    }
-                    batches += xg;
-                }
-                dWk[c + dh*(h + heads*m)] = batches;
-            }
-        }
-    }
-    /* qkv.dWv.pack_dV: scratch qkv_dV_panel, dV
-     * for h (parallel) / c_tile / b / i / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t b = 0; b < batch; ++b) {
-                for (int64_t i = 0; i < n; ++i) {
-                    const int64_t qkv_dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
-                    const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
-                    #pragma omp simd
-                    for (int64_t lane = 0; lane < 8; ++lane) {
-                        qkv_dV_panel[qkv_dV_panel_row + lane] = dV[dV_row + lane];
-                    }
-                }
-            }
-        }
-    }
-    block_bwd_composed_f64_qkv_dWv(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-    /* qkv.dWv.edge: writes dWv; scratch xn1, dV
-     * for h, m (parallel) / c / b / i (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m = 0; m < dm; ++m) {
-            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
-                    for (int64_t i = 0; i < n; ++i) {
-                        xg += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
-                    }
-                    batches += xg;
-                }
-                dWv[c + dh*(h + heads*m)] = batches;
-            }
-        }
-    }
-    /* norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm, dxn1
-     * for i_part (parallel) / c (simd), b / i / c (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t i_part = 0; i_part < 16; ++i_part) {
-        #pragma omp simd
-        for (int64_t c = 0; c < dm; ++c) {
-            norm1_dweight_part[c + dm*i_part] = 0.0;
-        }
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
-                double dot = 0.0;
-                #pragma omp simd reduction(+:dot)
-                for (int64_t c = 0; c < dm; ++c) {
-                    dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
-                }
-                const double t2 = dot / (double)dm;
-                #pragma omp simd
-                for (int64_t c = 0; c < dm; ++c) {
-                    const double t = x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
-                    dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - t * t2);
-                    norm1_dweight_part[c + dm*i_part] += dxn1[c + dm*(b*n + i)] * t;
-                }
-            }
-        }
-    }
-    /* norm1.dweight: writes dnorm1; scratch norm1_dweight_part
-     * for c / i_part (simd)
-     */
-    for (int64_t c = 0; c < dm; ++c) {
-        double dweight_sum = 0.0;
-        #pragma omp simd reduction(+:dweight_sum)
-        for (int64_t i_part = 0; i_part < 16; ++i_part) {
-            dweight_sum += norm1_dweight_part[c + dm*i_part];
-        }
-        dnorm1[c] = dweight_sum;
-    }
-    /* add1.y: writes dx; scratch dresid, dx_norm
-     * for b, i (parallel) / m (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t m = 0; m < dm; ++m) {
-                dx[dm*(b*n + i) + m] = dresid[dm*(b*n + i) + m] + dx_norm[dm*(b*n + i) + m];
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f32_mlp_dH(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict inv_rms1,
-    const float *restrict Q,
-    const float *restrict K,
-    const float *restrict V,
-    const float *restrict attn,
-    const float *restrict lse,
-    const float *restrict resid,
-    const float *restrict inv_rms2,
-    const float *restrict U,
-    const float *restrict dy,
-    float *restrict dx,
-    float *restrict dnorm1,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict dWo,
-    float *restrict dnorm2,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict xn2,
-    float *restrict dxn2,
-    float *restrict dresid_norm,
-    float *restrict dresid,
-    float *restrict dattn,
-    float *restrict dQ,
-    float *restrict dK,
-    float *restrict dV,
-    float *restrict xn1,
-    float *restrict dxn1,
-    float *restrict dx_norm,
-    float *restrict mlp_WdT,
-    float *restrict mlp_dH,
-    float *restrict mlp_V,
-    float *restrict mlp_dU,
-    float *restrict mlp_WgT,
-    float *restrict mlp_dV,
-    float *restrict mlp_WuT,
-    float *restrict mlp_XT,
-    float *restrict mlp_HT,
-    float *restrict mlp_WdT_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_WgT_panel,
-    float *restrict mlp_WuT_panel,
-    float *restrict mlp_dU_panel,
-    float *restrict mlp_dV_panel,
-    float *restrict mlp_dF_panel,
-    float *restrict norm2_dweight_part,
-    float *restrict out_WoT,
-    float *restrict out_WoT_panel,
-    float *restrict out_dY_panel,
-    float *restrict attn_delta,
-    float *restrict qkv_WqT,
-    float *restrict qkv_WkT,
-    float *restrict qkv_WvT,
-    float *restrict qkv_WqT_panel,
-    float *restrict qkv_WkT_panel,
-    float *restrict qkv_WvT_panel,
-    float *restrict qkv_dQ_panel,
-    float *restrict qkv_dK_panel,
-    float *restrict qkv_dV_panel,
-    float *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    /* mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
-     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t dy_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t dy_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t dy_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t dy_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t dy_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t dy_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t c = 0; c < dm; ++c) {
-                        acc_0_0 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                        acc_0_1 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_0_2 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_0_3 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_0_4 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_0_5 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_0_6 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_0_7 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_1_0 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                        acc_1_1 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_1_2 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_1_3 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_1_4 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_1_5 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_1_6 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_1_7 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_2_0 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                        acc_2_1 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_2_2 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_2_3 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_2_4 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_2_5 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_2_6 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_2_7 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_3_0 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                        acc_3_1 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_3_2 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_3_3 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_3_4 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_3_5 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_3_6 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_3_7 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_4_0 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                        acc_4_1 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_4_2 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_4_3 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_4_4 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_4_5 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_4_6 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_4_7 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_5_0 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
-                        acc_5_1 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_5_2 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_5_3 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_5_4 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_5_5 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_5_6 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_5_7 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
-                    }
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f32_mlp_V(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict inv_rms1,
-    const float *restrict Q,
-    const float *restrict K,
-    const float *restrict V,
-    const float *restrict attn,
-    const float *restrict lse,
-    const float *restrict resid,
-    const float *restrict inv_rms2,
-    const float *restrict U,
-    const float *restrict dy,
-    float *restrict dx,
-    float *restrict dnorm1,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict dWo,
-    float *restrict dnorm2,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict xn2,
-    float *restrict dxn2,
-    float *restrict dresid_norm,
-    float *restrict dresid,
-    float *restrict dattn,
-    float *restrict dQ,
-    float *restrict dK,
-    float *restrict dV,
-    float *restrict xn1,
-    float *restrict dxn1,
-    float *restrict dx_norm,
-    float *restrict mlp_WdT,
-    float *restrict mlp_dH,
-    float *restrict mlp_V,
-    float *restrict mlp_dU,
-    float *restrict mlp_WgT,
-    float *restrict mlp_dV,
-    float *restrict mlp_WuT,
-    float *restrict mlp_XT,
-    float *restrict mlp_HT,
-    float *restrict mlp_WdT_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_WgT_panel,
-    float *restrict mlp_WuT_panel,
-    float *restrict mlp_dU_panel,
-    float *restrict mlp_dV_panel,
-    float *restrict mlp_dF_panel,
-    float *restrict norm2_dweight_part,
-    float *restrict out_WoT,
-    float *restrict out_WoT_panel,
-    float *restrict out_dY_panel,
-    float *restrict attn_delta,
-    float *restrict qkv_WqT,
-    float *restrict qkv_WkT,
-    float *restrict qkv_WvT,
-    float *restrict qkv_WqT_panel,
-    float *restrict qkv_WkT_panel,
-    float *restrict qkv_WvT_panel,
-    float *restrict qkv_dQ_panel,
-    float *restrict qkv_dK_panel,
-    float *restrict qkv_dV_panel,
-    float *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    /* mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
-     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t c = 0; c < dm; ++c) {
-                        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    }
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f32_mlp_dX(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict inv_rms1,
-    const float *restrict Q,
-    const float *restrict K,
-    const float *restrict V,
-    const float *restrict attn,
-    const float *restrict lse,
-    const float *restrict resid,
-    const float *restrict inv_rms2,
-    const float *restrict U,
-    const float *restrict dy,
-    float *restrict dx,
-    float *restrict dnorm1,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict dWo,
-    float *restrict dnorm2,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict xn2,
-    float *restrict dxn2,
-    float *restrict dresid_norm,
-    float *restrict dresid,
-    float *restrict dattn,
-    float *restrict dQ,
-    float *restrict dK,
-    float *restrict dV,
-    float *restrict xn1,
-    float *restrict dxn1,
-    float *restrict dx_norm,
-    float *restrict mlp_WdT,
-    float *restrict mlp_dH,
-    float *restrict mlp_V,
-    float *restrict mlp_dU,
-    float *restrict mlp_WgT,
-    float *restrict mlp_dV,
-    float *restrict mlp_WuT,
-    float *restrict mlp_XT,
-    float *restrict mlp_HT,
-    float *restrict mlp_WdT_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_WgT_panel,
-    float *restrict mlp_WuT_panel,
-    float *restrict mlp_dU_panel,
-    float *restrict mlp_dV_panel,
-    float *restrict mlp_dF_panel,
-    float *restrict norm2_dweight_part,
-    float *restrict out_WoT,
-    float *restrict out_WoT_panel,
-    float *restrict out_dY_panel,
-    float *restrict attn_delta,
-    float *restrict qkv_WqT,
-    float *restrict qkv_WkT,
-    float *restrict qkv_WvT,
-    float *restrict qkv_WqT_panel,
-    float *restrict qkv_WkT_panel,
-    float *restrict qkv_WvT_panel,
-    float *restrict qkv_dQ_panel,
-    float *restrict qkv_dK_panel,
-    float *restrict qkv_dV_panel,
-    float *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    /* mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
-     * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t mlp_dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t mlp_dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t mlp_dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t mlp_dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t mlp_dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t mlp_dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    const int64_t mlp_dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t mlp_dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t mlp_dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t mlp_dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t mlp_dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t mlp_dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t e = 0; e < dff; ++e) {
-                        acc_0_0 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                        acc_0_1 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_0_2 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_0_3 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_0_4 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_0_5 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_0_6 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_0_7 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_1_0 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                        acc_1_1 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_1_2 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_1_3 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_1_4 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_1_5 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_1_6 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_1_7 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_2_0 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                        acc_2_1 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_2_2 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_2_3 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_2_4 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_2_5 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_2_6 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_2_7 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_3_0 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                        acc_3_1 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_3_2 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_3_3 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_3_4 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_3_5 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_3_6 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_3_7 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_4_0 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                        acc_4_1 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_4_2 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_4_3 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_4_4 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_4_5 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_4_6 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_4_7 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_5_0 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
-                        acc_5_1 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_5_2 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_5_3 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_5_4 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_5_5 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_5_6 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_5_7 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
-                    }
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f32_mlp_dWg(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict inv_rms1,
-    const float *restrict Q,
-    const float *restrict K,
-    const float *restrict V,
-    const float *restrict attn,
-    const float *restrict lse,
-    const float *restrict resid,
-    const float *restrict inv_rms2,
-    const float *restrict U,
-    const float *restrict dy,
-    float *restrict dx,
-    float *restrict dnorm1,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict dWo,
-    float *restrict dnorm2,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict xn2,
-    float *restrict dxn2,
-    float *restrict dresid_norm,
-    float *restrict dresid,
-    float *restrict dattn,
-    float *restrict dQ,
-    float *restrict dK,
-    float *restrict dV,
-    float *restrict xn1,
-    float *restrict dxn1,
-    float *restrict dx_norm,
-    float *restrict mlp_WdT,
-    float *restrict mlp_dH,
-    float *restrict mlp_V,
-    float *restrict mlp_dU,
-    float *restrict mlp_WgT,
-    float *restrict mlp_dV,
-    float *restrict mlp_WuT,
-    float *restrict mlp_XT,
-    float *restrict mlp_HT,
-    float *restrict mlp_WdT_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_WgT_panel,
-    float *restrict mlp_WuT_panel,
-    float *restrict mlp_dU_panel,
-    float *restrict mlp_dV_panel,
-    float *restrict mlp_dF_panel,
-    float *restrict norm2_dweight_part,
-    float *restrict out_WoT,
-    float *restrict out_WoT_panel,
-    float *restrict out_dY_panel,
-    float *restrict attn_delta,
-    float *restrict qkv_WqT,
-    float *restrict qkv_WkT,
-    float *restrict qkv_WvT,
-    float *restrict qkv_WqT_panel,
-    float *restrict qkv_WkT_panel,
-    float *restrict qkv_WvT_panel,
-    float *restrict qkv_dQ_panel,
-    float *restrict qkv_dK_panel,
-    float *restrict qkv_dV_panel,
-    float *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    /* mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
-     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
-            for (int64_t b = 0; b < batch; ++b) {
-                const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
-                const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
-                const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
-                const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
-                const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
-                const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
-                for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                }
-            }
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f32_mlp_dWu(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict inv_rms1,
-    const float *restrict Q,
-    const float *restrict K,
-    const float *restrict V,
-    const float *restrict attn,
-    const float *restrict lse,
-    const float *restrict resid,
-    const float *restrict inv_rms2,
-    const float *restrict U,
-    const float *restrict dy,
-    float *restrict dx,
-    float *restrict dnorm1,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict dWo,
-    float *restrict dnorm2,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict xn2,
-    float *restrict dxn2,
-    float *restrict dresid_norm,
-    float *restrict dresid,
-    float *restrict dattn,
-    float *restrict dQ,
-    float *restrict dK,
-    float *restrict dV,
-    float *restrict xn1,
-    float *restrict dxn1,
-    float *restrict dx_norm,
-    float *restrict mlp_WdT,
-    float *restrict mlp_dH,
-    float *restrict mlp_V,
-    float *restrict mlp_dU,
-    float *restrict mlp_WgT,
-    float *restrict mlp_dV,
-    float *restrict mlp_WuT,
-    float *restrict mlp_XT,
-    float *restrict mlp_HT,
-    float *restrict mlp_WdT_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_WgT_panel,
-    float *restrict mlp_WuT_panel,
-    float *restrict mlp_dU_panel,
-    float *restrict mlp_dV_panel,
-    float *restrict mlp_dF_panel,
-    float *restrict norm2_dweight_part,
-    float *restrict out_WoT,
-    float *restrict out_WoT_panel,
-    float *restrict out_dY_panel,
-    float *restrict attn_delta,
-    float *restrict qkv_WqT,
-    float *restrict qkv_WkT,
-    float *restrict qkv_WvT,
-    float *restrict qkv_WqT_panel,
-    float *restrict qkv_WkT_panel,
-    float *restrict qkv_WvT_panel,
-    float *restrict qkv_dQ_panel,
-    float *restrict qkv_dK_panel,
-    float *restrict qkv_dV_panel,
-    float *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    /* mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
-     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
-            for (int64_t b = 0; b < batch; ++b) {
-                const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
-                const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
-                const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
-                const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
-                const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
-                const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
-                for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                }
-            }
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f32_mlp_dWd(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict inv_rms1,
-    const float *restrict Q,
-    const float *restrict K,
-    const float *restrict V,
-    const float *restrict attn,
-    const float *restrict lse,
-    const float *restrict resid,
-    const float *restrict inv_rms2,
-    const float *restrict U,
-    const float *restrict dy,
-    float *restrict dx,
-    float *restrict dnorm1,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict dWo,
-    float *restrict dnorm2,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict xn2,
-    float *restrict dxn2,
-    float *restrict dresid_norm,
-    float *restrict dresid,
-    float *restrict dattn,
-    float *restrict dQ,
-    float *restrict dK,
-    float *restrict dV,
-    float *restrict xn1,
-    float *restrict dxn1,
-    float *restrict dx_norm,
-    float *restrict mlp_WdT,
-    float *restrict mlp_dH,
-    float *restrict mlp_V,
-    float *restrict mlp_dU,
-    float *restrict mlp_WgT,
-    float *restrict mlp_dV,
-    float *restrict mlp_WuT,
-    float *restrict mlp_XT,
-    float *restrict mlp_HT,
-    float *restrict mlp_WdT_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_WgT_panel,
-    float *restrict mlp_WuT_panel,
-    float *restrict mlp_dU_panel,
-    float *restrict mlp_dV_panel,
-    float *restrict mlp_dF_panel,
-    float *restrict norm2_dweight_part,
-    float *restrict out_WoT,
-    float *restrict out_WoT_panel,
-    float *restrict out_dY_panel,
-    float *restrict attn_delta,
-    float *restrict qkv_WqT,
-    float *restrict qkv_WkT,
-    float *restrict qkv_WvT,
-    float *restrict qkv_WqT_panel,
-    float *restrict qkv_WkT_panel,
-    float *restrict qkv_WvT_panel,
-    float *restrict qkv_dQ_panel,
-    float *restrict qkv_dK_panel,
-    float *restrict qkv_dV_panel,
-    float *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    /* mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
-     * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
-            for (int64_t b = 0; b < batch; ++b) {
-                const int64_t mlp_HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
-                const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
-                const int64_t mlp_HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
-                const int64_t mlp_HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
-                const int64_t mlp_HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
-                const int64_t mlp_HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
-                for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_0_4 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_0_5 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_0_6 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_0_7 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_1_4 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_1_5 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_1_6 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_1_7 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_2_0 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_2_1 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_2_2 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_2_3 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_2_4 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_2_5 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_2_6 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_2_7 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_3_0 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_3_1 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_3_2 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_3_3 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_3_4 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_3_5 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_3_6 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_3_7 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_4_0 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_4_1 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_4_2 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_4_3 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_4_4 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_4_5 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_4_6 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_4_7 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_5_0 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_5_1 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_5_2 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_5_3 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_5_4 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_5_5 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_5_6 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_5_7 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                }
-            }
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f32_out_dO(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict inv_rms1,
-    const float *restrict Q,
-    const float *restrict K,
-    const float *restrict V,
-    const float *restrict attn,
-    const float *restrict lse,
-    const float *restrict resid,
-    const float *restrict inv_rms2,
-    const float *restrict U,
-    const float *restrict dy,
-    float *restrict dx,
-    float *restrict dnorm1,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict dWo,
-    float *restrict dnorm2,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict xn2,
-    float *restrict dxn2,
-    float *restrict dresid_norm,
-    float *restrict dresid,
-    float *restrict dattn,
-    float *restrict dQ,
-    float *restrict dK,
-    float *restrict dV,
-    float *restrict xn1,
-    float *restrict dxn1,
-    float *restrict dx_norm,
-    float *restrict mlp_WdT,
-    float *restrict mlp_dH,
-    float *restrict mlp_V,
-    float *restrict mlp_dU,
-    float *restrict mlp_WgT,
-    float *restrict mlp_dV,
-    float *restrict mlp_WuT,
-    float *restrict mlp_XT,
-    float *restrict mlp_HT,
-    float *restrict mlp_WdT_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_WgT_panel,
-    float *restrict mlp_WuT_panel,
-    float *restrict mlp_dU_panel,
-    float *restrict mlp_dV_panel,
-    float *restrict mlp_dF_panel,
-    float *restrict norm2_dweight_part,
-    float *restrict out_WoT,
-    float *restrict out_WoT_panel,
-    float *restrict out_dY_panel,
-    float *restrict attn_delta,
-    float *restrict qkv_WqT,
-    float *restrict qkv_WkT,
-    float *restrict qkv_WvT,
-    float *restrict qkv_WqT_panel,
-    float *restrict qkv_WkT_panel,
-    float *restrict qkv_WvT_panel,
-    float *restrict qkv_dQ_panel,
-    float *restrict qkv_dK_panel,
-    float *restrict qkv_dV_panel,
-    float *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    /* out.dO: scratch dattn, dresid, out_WoT_panel
-     * for b, h, c_tile (parallel) / i_tile / m (register tile)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    const int64_t dresid_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t dresid_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t dresid_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t dresid_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t dresid_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t dresid_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                    }
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f32_out_dWo(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict inv_rms1,
-    const float *restrict Q,
-    const float *restrict K,
-    const float *restrict V,
-    const float *restrict attn,
-    const float *restrict lse,
-    const float *restrict resid,
-    const float *restrict inv_rms2,
-    const float *restrict U,
-    const float *restrict dy,
-    float *restrict dx,
-    float *restrict dnorm1,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict dWo,
-    float *restrict dnorm2,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict xn2,
-    float *restrict dxn2,
-    float *restrict dresid_norm,
-    float *restrict dresid,
-    float *restrict dattn,
-    float *restrict dQ,
-    float *restrict dK,
-    float *restrict dV,
-    float *restrict xn1,
-    float *restrict dxn1,
-    float *restrict dx_norm,
-    float *restrict mlp_WdT,
-    float *restrict mlp_dH,
-    float *restrict mlp_V,
-    float *restrict mlp_dU,
-    float *restrict mlp_WgT,
-    float *restrict mlp_dV,
-    float *restrict mlp_WuT,
-    float *restrict mlp_XT,
-    float *restrict mlp_HT,
-    float *restrict mlp_WdT_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_WgT_panel,
-    float *restrict mlp_WuT_panel,
-    float *restrict mlp_dU_panel,
-    float *restrict mlp_dV_panel,
-    float *restrict mlp_dF_panel,
-    float *restrict norm2_dweight_part,
-    float *restrict out_WoT,
-    float *restrict out_WoT_panel,
-    float *restrict out_dY_panel,
-    float *restrict attn_delta,
-    float *restrict qkv_WqT,
-    float *restrict qkv_WkT,
-    float *restrict qkv_WvT,
-    float *restrict qkv_WqT_panel,
-    float *restrict qkv_WkT_panel,
-    float *restrict qkv_WvT_panel,
-    float *restrict qkv_dQ_panel,
-    float *restrict qkv_dK_panel,
-    float *restrict qkv_dV_panel,
-    float *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    /* out.dWo: writes dWo; reads attn; scratch out_dY_panel
-     * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-            for (int64_t c_tile = 0; c_tile < ((dh + 5) / 6); ++c_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                        acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                        acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                        acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                        acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                        acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                        acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                        acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                        acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                        acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                        acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                        acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                        acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                        acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                        acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                        acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                        acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                        acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                        acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                        acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                        acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                        acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                        acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                        acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                        acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                        acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                        acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                        acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                        acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                        acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                        acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                        acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                        acc_4_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                        acc_4_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                        acc_4_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                        acc_4_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                        acc_4_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                        acc_4_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                        acc_4_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                        acc_4_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                        acc_5_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
-                        acc_5_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
-                        acc_5_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
-                        acc_5_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
-                        acc_5_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
-                        acc_5_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
-                        acc_5_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
-                        acc_5_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
-                    }
-                }
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
-                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile] = acc_1_0;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile] = acc_2_0;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile] = acc_3_0;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile] = acc_4_0;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile] = acc_5_0;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 7] = acc_5_7;
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f32_qkv_dX(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict inv_rms1,
-    const float *restrict Q,
-    const float *restrict K,
-    const float *restrict V,
-    const float *restrict attn,
-    const float *restrict lse,
-    const float *restrict resid,
-    const float *restrict inv_rms2,
-    const float *restrict U,
-    const float *restrict dy,
-    float *restrict dx,
-    float *restrict dnorm1,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict dWo,
-    float *restrict dnorm2,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict xn2,
-    float *restrict dxn2,
-    float *restrict dresid_norm,
-    float *restrict dresid,
-    float *restrict dattn,
-    float *restrict dQ,
-    float *restrict dK,
-    float *restrict dV,
-    float *restrict xn1,
-    float *restrict dxn1,
-    float *restrict dx_norm,
-    float *restrict mlp_WdT,
-    float *restrict mlp_dH,
-    float *restrict mlp_V,
-    float *restrict mlp_dU,
-    float *restrict mlp_WgT,
-    float *restrict mlp_dV,
-    float *restrict mlp_WuT,
-    float *restrict mlp_XT,
-    float *restrict mlp_HT,
-    float *restrict mlp_WdT_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_WgT_panel,
-    float *restrict mlp_WuT_panel,
-    float *restrict mlp_dU_panel,
-    float *restrict mlp_dV_panel,
-    float *restrict mlp_dF_panel,
-    float *restrict norm2_dweight_part,
-    float *restrict out_WoT,
-    float *restrict out_WoT_panel,
-    float *restrict out_dY_panel,
-    float *restrict attn_delta,
-    float *restrict qkv_WqT,
-    float *restrict qkv_WkT,
-    float *restrict qkv_WvT,
-    float *restrict qkv_WqT_panel,
-    float *restrict qkv_WkT_panel,
-    float *restrict qkv_WvT_panel,
-    float *restrict qkv_dQ_panel,
-    float *restrict qkv_dK_panel,
-    float *restrict qkv_dV_panel,
-    float *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
     /* qkv.dX: scratch dxn1, dQ, qkv_WqT_panel, dK, qkv_WkT_panel, dV, qkv_WvT_panel
      * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
      */
@@ -6061,54 +2134,55 @@ static void block_bwd_composed_f32_qkv_dX(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                #pragma omp simd if(simd: 0)
                 for (int64_t h = 0; h < heads; ++h) {
                     const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
                     const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
@@ -6128,6 +2202,7 @@ static void block_bwd_composed_f32_qkv_dX(
                     const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
                     const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
                     const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    #pragma omp simd if(simd: 0)
                     for (int64_t c = 0; c < dh; ++c) {
                         acc_0_0 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
                         acc_0_1 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
@@ -6230,91 +2305,47 @@ static void block_bwd_composed_f32_qkv_dX(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f32_qkv_dWq(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict inv_rms1,
-    const float *restrict Q,
-    const float *restrict K,
-    const float *restrict V,
-    const float *restrict attn,
-    const float *restrict lse,
-    const float *restrict resid,
-    const float *restrict inv_rms2,
-    const float *restrict U,
-    const float *restrict dy,
-    float *restrict dx,
-    float *restrict dnorm1,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict dWo,
-    float *restrict dnorm2,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict xn2,
-    float *restrict dxn2,
-    float *restrict dresid_norm,
-    float *restrict dresid,
-    float *restrict dattn,
-    float *restrict dQ,
-    float *restrict dK,
-    float *restrict dV,
-    float *restrict xn1,
-    float *restrict dxn1,
-    float *restrict dx_norm,
-    float *restrict mlp_WdT,
-    float *restrict mlp_dH,
-    float *restrict mlp_V,
-    float *restrict mlp_dU,
-    float *restrict mlp_WgT,
-    float *restrict mlp_dV,
-    float *restrict mlp_WuT,
-    float *restrict mlp_XT,
-    float *restrict mlp_HT,
-    float *restrict mlp_WdT_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_WgT_panel,
-    float *restrict mlp_WuT_panel,
-    float *restrict mlp_dU_panel,
-    float *restrict mlp_dV_panel,
-    float *restrict mlp_dF_panel,
-    float *restrict norm2_dweight_part,
-    float *restrict out_WoT,
-    float *restrict out_WoT_panel,
-    float *restrict out_dY_panel,
-    float *restrict attn_delta,
-    float *restrict qkv_WqT,
-    float *restrict qkv_WkT,
-    float *restrict qkv_WvT,
-    float *restrict qkv_WqT_panel,
-    float *restrict qkv_WkT_panel,
-    float *restrict qkv_WvT_panel,
-    float *restrict qkv_dQ_panel,
-    float *restrict qkv_dK_panel,
-    float *restrict qkv_dV_panel,
-    float *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
+    /* qkv.dX.edge: scratch dxn1, dQ, qkv_WqT, dK, qkv_WkT, dV, qkv_WvT
+     * for b, i (parallel) / m / h / c (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+                double heads_sum = 0.0;
+                for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t dQ_row = dh*(i + n*(b*heads + h));
+                    const int64_t dK_row = dh*(i + n*(b*heads + h));
+                    const int64_t dV_row = dh*(i + n*(b*heads + h));
+                    double gw = 0.0;
+                    #pragma omp simd reduction(+:gw)
+                    for (int64_t c = 0; c < dh; ++c) {
+                        gw += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
+                    }
+                    heads_sum += gw;
+                }
+                dxn1[dm*(b*n + i) + m] = heads_sum;
+            }
+        }
+    }
+    /* qkv.dWq.pack_dQ: scratch qkv_dQ_panel, dQ
+     * for h (parallel) / c_tile / b / i / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    const int64_t qkv_dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
+                    #pragma omp simd
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        qkv_dQ_panel[qkv_dQ_panel_row + lane] = dQ[dQ_row + lane];
+                    }
+                }
+            }
+        }
+    }
     /* qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
      * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
@@ -6322,55 +2353,57 @@ static void block_bwd_composed_f32_qkv_dWq(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
                         acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
                         acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
@@ -6473,91 +2506,44 @@ static void block_bwd_composed_f32_qkv_dWq(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f32_qkv_dWk(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict inv_rms1,
-    const float *restrict Q,
-    const float *restrict K,
-    const float *restrict V,
-    const float *restrict attn,
-    const float *restrict lse,
-    const float *restrict resid,
-    const float *restrict inv_rms2,
-    const float *restrict U,
-    const float *restrict dy,
-    float *restrict dx,
-    float *restrict dnorm1,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict dWo,
-    float *restrict dnorm2,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict xn2,
-    float *restrict dxn2,
-    float *restrict dresid_norm,
-    float *restrict dresid,
-    float *restrict dattn,
-    float *restrict dQ,
-    float *restrict dK,
-    float *restrict dV,
-    float *restrict xn1,
-    float *restrict dxn1,
-    float *restrict dx_norm,
-    float *restrict mlp_WdT,
-    float *restrict mlp_dH,
-    float *restrict mlp_V,
-    float *restrict mlp_dU,
-    float *restrict mlp_WgT,
-    float *restrict mlp_dV,
-    float *restrict mlp_WuT,
-    float *restrict mlp_XT,
-    float *restrict mlp_HT,
-    float *restrict mlp_WdT_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_WgT_panel,
-    float *restrict mlp_WuT_panel,
-    float *restrict mlp_dU_panel,
-    float *restrict mlp_dV_panel,
-    float *restrict mlp_dF_panel,
-    float *restrict norm2_dweight_part,
-    float *restrict out_WoT,
-    float *restrict out_WoT_panel,
-    float *restrict out_dY_panel,
-    float *restrict attn_delta,
-    float *restrict qkv_WqT,
-    float *restrict qkv_WkT,
-    float *restrict qkv_WvT,
-    float *restrict qkv_WqT_panel,
-    float *restrict qkv_WkT_panel,
-    float *restrict qkv_WvT_panel,
-    float *restrict qkv_dQ_panel,
-    float *restrict qkv_dK_panel,
-    float *restrict qkv_dV_panel,
-    float *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
+    /* qkv.dWq.edge: writes dWq; scratch xn1, dQ
+     * for h, m (parallel) / c / b / i (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                double batches = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
+                    for (int64_t i = 0; i < n; ++i) {
+                        xg += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                    }
+                    batches += xg;
+                }
+                dWq[c + dh*(h + heads*m)] = batches;
+            }
+        }
+    }
+    /* qkv.dWk.pack_dK: scratch qkv_dK_panel, dK
+     * for h (parallel) / c_tile / b / i / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    const int64_t qkv_dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
+                    #pragma omp simd
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        qkv_dK_panel[qkv_dK_panel_row + lane] = dK[dK_row + lane];
+                    }
+                }
+            }
+        }
+    }
     /* qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
      * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
@@ -6565,55 +2551,57 @@ static void block_bwd_composed_f32_qkv_dWk(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
                         acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
                         acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
@@ -6716,91 +2704,44 @@ static void block_bwd_composed_f32_qkv_dWk(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_bwd_composed_f32_qkv_dWv(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict inv_rms1,
-    const float *restrict Q,
-    const float *restrict K,
-    const float *restrict V,
-    const float *restrict attn,
-    const float *restrict lse,
-    const float *restrict resid,
-    const float *restrict inv_rms2,
-    const float *restrict U,
-    const float *restrict dy,
-    float *restrict dx,
-    float *restrict dnorm1,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict dWo,
-    float *restrict dnorm2,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict xn2,
-    float *restrict dxn2,
-    float *restrict dresid_norm,
-    float *restrict dresid,
-    float *restrict dattn,
-    float *restrict dQ,
-    float *restrict dK,
-    float *restrict dV,
-    float *restrict xn1,
-    float *restrict dxn1,
-    float *restrict dx_norm,
-    float *restrict mlp_WdT,
-    float *restrict mlp_dH,
-    float *restrict mlp_V,
-    float *restrict mlp_dU,
-    float *restrict mlp_WgT,
-    float *restrict mlp_dV,
-    float *restrict mlp_WuT,
-    float *restrict mlp_XT,
-    float *restrict mlp_HT,
-    float *restrict mlp_WdT_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_WgT_panel,
-    float *restrict mlp_WuT_panel,
-    float *restrict mlp_dU_panel,
-    float *restrict mlp_dV_panel,
-    float *restrict mlp_dF_panel,
-    float *restrict norm2_dweight_part,
-    float *restrict out_WoT,
-    float *restrict out_WoT_panel,
-    float *restrict out_dY_panel,
-    float *restrict attn_delta,
-    float *restrict qkv_WqT,
-    float *restrict qkv_WkT,
-    float *restrict qkv_WvT,
-    float *restrict qkv_WqT_panel,
-    float *restrict qkv_WkT_panel,
-    float *restrict qkv_WvT_panel,
-    float *restrict qkv_dQ_panel,
-    float *restrict qkv_dK_panel,
-    float *restrict qkv_dV_panel,
-    float *restrict norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
+    /* qkv.dWk.edge: writes dWk; scratch xn1, dK
+     * for h, m (parallel) / c / b / i (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                double batches = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
+                    for (int64_t i = 0; i < n; ++i) {
+                        xg += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                    }
+                    batches += xg;
+                }
+                dWk[c + dh*(h + heads*m)] = batches;
+            }
+        }
+    }
+    /* qkv.dWv.pack_dV: scratch qkv_dV_panel, dV
+     * for h (parallel) / c_tile / b / i / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    const int64_t qkv_dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
+                    #pragma omp simd
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        qkv_dV_panel[qkv_dV_panel_row + lane] = dV[dV_row + lane];
+                    }
+                }
+            }
+        }
+    }
     /* qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
      * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
@@ -6808,55 +2749,57 @@ static void block_bwd_composed_f32_qkv_dWv(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
                         acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
                         acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
@@ -6956,6 +2899,75 @@ static void block_bwd_composed_f32_qkv_dWv(
                 dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
                 dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
                 dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
+    /* qkv.dWv.edge: writes dWv; scratch xn1, dV
+     * for h, m (parallel) / c / b / i (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                double batches = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
+                    for (int64_t i = 0; i < n; ++i) {
+                        xg += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                    }
+                    batches += xg;
+                }
+                dWv[c + dh*(h + heads*m)] = batches;
+            }
+        }
+    }
+    /* norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm, dxn1
+     * for i_part (parallel) / c (simd), b / i / c (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t i_part = 0; i_part < 16; ++i_part) {
+        #pragma omp simd
+        for (int64_t c = 0; c < dm; ++c) {
+            norm1_dweight_part[c + dm*i_part] = 0.0;
+        }
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                double dot = 0.0;
+                #pragma omp simd reduction(+:dot)
+                for (int64_t c = 0; c < dm; ++c) {
+                    dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                }
+                const double t2 = dot / (double)dm;
+                #pragma omp simd
+                for (int64_t c = 0; c < dm; ++c) {
+                    const double t = x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - t * t2);
+                    norm1_dweight_part[c + dm*i_part] += dxn1[c + dm*(b*n + i)] * t;
+                }
+            }
+        }
+    }
+    /* norm1.dweight: writes dnorm1; scratch norm1_dweight_part
+     * for c / i_part (simd)
+     */
+    for (int64_t c = 0; c < dm; ++c) {
+        double dweight_sum = 0.0;
+        #pragma omp simd reduction(+:dweight_sum)
+        for (int64_t i_part = 0; i_part < 16; ++i_part) {
+            dweight_sum += norm1_dweight_part[c + dm*i_part];
+        }
+        dnorm1[c] = dweight_sum;
+    }
+    /* add1.y: writes dx; scratch dresid, dx_norm
+     * for b, i (parallel) / m (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t m = 0; m < dm; ++m) {
+                dx[dm*(b*n + i) + m] = dresid[dm*(b*n + i) + m] + dx_norm[dm*(b*n + i) + m];
             }
         }
     }
@@ -7078,7 +3090,171 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_mlp_dH(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dH: reads dy; scratch mlp_dH, mlp_WdT_panel
+     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t dy_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dy_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dy_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dy_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dy_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dy_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += dy[dy_row0 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += dy[dy_row1 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += dy[dy_row2 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += dy[dy_row3 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += dy[dy_row4 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += dy[dy_row5 + c] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* mlp.dH.edge: reads dy; scratch mlp_dH, mlp_WdT
      * for b, i (parallel) / e / c (simd)
      */
@@ -7108,7 +3284,171 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_mlp_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
+     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* mlp.V.edge: reads Wu; scratch mlp_V, xn2
      * for b, i (parallel) / e / c (simd)
      */
@@ -7197,7 +3537,177 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_mlp_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dX: scratch dxn2, mlp_dU, mlp_WgT_panel, mlp_dV, mlp_WuT_panel
+     * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t mlp_dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t mlp_dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t mlp_dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t mlp_dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t mlp_dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t mlp_dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t mlp_dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t mlp_dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t mlp_dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t mlp_dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t mlp_dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t mlp_dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t e = 0; e < dff; ++e) {
+                        acc_0_0 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_0_1 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_0_2 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_0_3 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_0_4 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_0_5 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_0_6 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_0_7 += mlp_dU[mlp_dU_row0 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row0 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_1_0 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_1_1 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_1_2 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_1_3 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_1_4 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_1_5 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_1_6 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_1_7 += mlp_dU[mlp_dU_row1 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row1 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_2_0 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_2_1 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_2_2 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_2_3 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_2_4 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_2_5 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_2_6 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_2_7 += mlp_dU[mlp_dU_row2 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row2 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_3_0 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_3_1 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_3_2 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_3_3 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_3_4 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_3_5 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_3_6 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_3_7 += mlp_dU[mlp_dU_row3 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row3 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_4_0 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_4_1 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_4_2 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_4_3 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_4_4 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_4_5 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_4_6 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_4_7 += mlp_dU[mlp_dU_row4 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row4 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_5_0 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_5_1 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_5_2 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_5_3 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_5_4 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_5_5 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_5_6 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_5_7 += mlp_dU[mlp_dU_row5 + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[mlp_dV_row5 + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    }
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* mlp.dX.edge: scratch dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT
      * for b, i (parallel) / c / e (simd)
      */
@@ -7242,7 +3752,170 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_mlp_dWg(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dWg: writes dWg; scratch mlp_XT, mlp_dU_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
+            float acc_0_0 = 0.0f;
+            float acc_0_1 = 0.0f;
+            float acc_0_2 = 0.0f;
+            float acc_0_3 = 0.0f;
+            float acc_0_4 = 0.0f;
+            float acc_0_5 = 0.0f;
+            float acc_0_6 = 0.0f;
+            float acc_0_7 = 0.0f;
+            float acc_1_0 = 0.0f;
+            float acc_1_1 = 0.0f;
+            float acc_1_2 = 0.0f;
+            float acc_1_3 = 0.0f;
+            float acc_1_4 = 0.0f;
+            float acc_1_5 = 0.0f;
+            float acc_1_6 = 0.0f;
+            float acc_1_7 = 0.0f;
+            float acc_2_0 = 0.0f;
+            float acc_2_1 = 0.0f;
+            float acc_2_2 = 0.0f;
+            float acc_2_3 = 0.0f;
+            float acc_2_4 = 0.0f;
+            float acc_2_5 = 0.0f;
+            float acc_2_6 = 0.0f;
+            float acc_2_7 = 0.0f;
+            float acc_3_0 = 0.0f;
+            float acc_3_1 = 0.0f;
+            float acc_3_2 = 0.0f;
+            float acc_3_3 = 0.0f;
+            float acc_3_4 = 0.0f;
+            float acc_3_5 = 0.0f;
+            float acc_3_6 = 0.0f;
+            float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
+            #pragma omp simd if(simd: 0)
+            for (int64_t b = 0; b < batch; ++b) {
+                const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
+                #pragma omp simd if(simd: 0)
+                for (int64_t i = 0; i < n; ++i) {
+                    acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                }
+            }
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
+        }
+    }
     /* mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
      * for c (parallel) / e / b / i (simd)
      */
@@ -7277,7 +3950,170 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_mlp_dWu(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dWu: writes dWu; scratch mlp_XT, mlp_dV_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
+            float acc_0_0 = 0.0f;
+            float acc_0_1 = 0.0f;
+            float acc_0_2 = 0.0f;
+            float acc_0_3 = 0.0f;
+            float acc_0_4 = 0.0f;
+            float acc_0_5 = 0.0f;
+            float acc_0_6 = 0.0f;
+            float acc_0_7 = 0.0f;
+            float acc_1_0 = 0.0f;
+            float acc_1_1 = 0.0f;
+            float acc_1_2 = 0.0f;
+            float acc_1_3 = 0.0f;
+            float acc_1_4 = 0.0f;
+            float acc_1_5 = 0.0f;
+            float acc_1_6 = 0.0f;
+            float acc_1_7 = 0.0f;
+            float acc_2_0 = 0.0f;
+            float acc_2_1 = 0.0f;
+            float acc_2_2 = 0.0f;
+            float acc_2_3 = 0.0f;
+            float acc_2_4 = 0.0f;
+            float acc_2_5 = 0.0f;
+            float acc_2_6 = 0.0f;
+            float acc_2_7 = 0.0f;
+            float acc_3_0 = 0.0f;
+            float acc_3_1 = 0.0f;
+            float acc_3_2 = 0.0f;
+            float acc_3_3 = 0.0f;
+            float acc_3_4 = 0.0f;
+            float acc_3_5 = 0.0f;
+            float acc_3_6 = 0.0f;
+            float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
+            #pragma omp simd if(simd: 0)
+            for (int64_t b = 0; b < batch; ++b) {
+                const int64_t mlp_XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t mlp_XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t mlp_XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t mlp_XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t mlp_XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t mlp_XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
+                #pragma omp simd if(simd: 0)
+                for (int64_t i = 0; i < n; ++i) {
+                    acc_0_0 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += mlp_XT[mlp_XT_row0 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += mlp_XT[mlp_XT_row1 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += mlp_XT[mlp_XT_row2 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += mlp_XT[mlp_XT_row3 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += mlp_XT[mlp_XT_row4 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += mlp_XT[mlp_XT_row5 + i] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                }
+            }
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
+        }
+    }
     /* mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
      * for c (parallel) / e / b / i (simd)
      */
@@ -7324,7 +4160,170 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_mlp_dWd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dWd: writes dWd; scratch mlp_HT, mlp_dF_panel
+     * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
+            float acc_0_0 = 0.0f;
+            float acc_0_1 = 0.0f;
+            float acc_0_2 = 0.0f;
+            float acc_0_3 = 0.0f;
+            float acc_0_4 = 0.0f;
+            float acc_0_5 = 0.0f;
+            float acc_0_6 = 0.0f;
+            float acc_0_7 = 0.0f;
+            float acc_1_0 = 0.0f;
+            float acc_1_1 = 0.0f;
+            float acc_1_2 = 0.0f;
+            float acc_1_3 = 0.0f;
+            float acc_1_4 = 0.0f;
+            float acc_1_5 = 0.0f;
+            float acc_1_6 = 0.0f;
+            float acc_1_7 = 0.0f;
+            float acc_2_0 = 0.0f;
+            float acc_2_1 = 0.0f;
+            float acc_2_2 = 0.0f;
+            float acc_2_3 = 0.0f;
+            float acc_2_4 = 0.0f;
+            float acc_2_5 = 0.0f;
+            float acc_2_6 = 0.0f;
+            float acc_2_7 = 0.0f;
+            float acc_3_0 = 0.0f;
+            float acc_3_1 = 0.0f;
+            float acc_3_2 = 0.0f;
+            float acc_3_3 = 0.0f;
+            float acc_3_4 = 0.0f;
+            float acc_3_5 = 0.0f;
+            float acc_3_6 = 0.0f;
+            float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
+            #pragma omp simd if(simd: 0)
+            for (int64_t b = 0; b < batch; ++b) {
+                const int64_t mlp_HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
+                const int64_t mlp_HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
+                const int64_t mlp_HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
+                const int64_t mlp_HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
+                const int64_t mlp_HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
+                const int64_t mlp_HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
+                #pragma omp simd if(simd: 0)
+                for (int64_t i = 0; i < n; ++i) {
+                    acc_0_0 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_0_1 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_0_2 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_0_3 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_0_4 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_0_5 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_0_6 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_0_7 += mlp_HT[mlp_HT_row0 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_1_0 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_1_1 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_1_2 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_1_3 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_1_4 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_1_5 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_1_6 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_1_7 += mlp_HT[mlp_HT_row1 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_2_0 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_2_1 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_2_2 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_2_3 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_2_4 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_2_5 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_2_6 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_2_7 += mlp_HT[mlp_HT_row2 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_3_0 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_3_1 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_3_2 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_3_3 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_3_4 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_3_5 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_3_6 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_3_7 += mlp_HT[mlp_HT_row3 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_4_0 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_4_1 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_4_2 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_4_3 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_4_4 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_4_5 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_4_6 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_4_7 += mlp_HT[mlp_HT_row4 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_5_0 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_5_1 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_5_2 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_5_3 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_5_4 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_5_5 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_5_6 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_5_7 += mlp_HT[mlp_HT_row5 + i] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                }
+            }
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
+        }
+    }
     /* mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
      * for e (parallel) / c / b / i (simd)
      */
@@ -7420,7 +4419,171 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_out_dO(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* out.dO: scratch dattn, dresid, out_WoT_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t dresid_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dresid_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dresid_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dresid_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dresid_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dresid_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        acc_0_0 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += dresid[dresid_row0 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += dresid[dresid_row1 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += dresid[dresid_row2 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += dresid[dresid_row3 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += dresid[dresid_row4 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += dresid[dresid_row5 + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                    }
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* out.dO.edge: scratch dattn, dresid, out_WoT
      * for b, h, i (parallel) / c / m (simd)
      */
@@ -7456,7 +4619,166 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_out_dWo(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* out.dWo: writes dWo; reads attn; scratch out_dY_panel
+     * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+            for (int64_t c_tile = 0; c_tile < ((dh + 5) / 6); ++c_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                #pragma omp simd if(simd: 0)
+                for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_4_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_4_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_4_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_4_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_4_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_4_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_4_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_4_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_5_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_5_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_5_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_5_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_5_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_5_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_5_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_5_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                    }
+                }
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile] = acc_1_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile] = acc_2_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile] = acc_3_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile] = acc_4_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile] = acc_5_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 7] = acc_5_7;
+            }
+        }
+    }
     /* out.dWo.edge: writes dWo; reads attn; scratch dresid
      * for h, c (parallel) / m / b / i (simd)
      */
@@ -7683,7 +5005,184 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_qkv_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* qkv.dX: scratch dxn1, dQ, qkv_WqT_panel, dK, qkv_WkT_panel, dV, qkv_WvT_panel
+     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                #pragma omp simd if(simd: 0)
+                for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t c = 0; c < dh; ++c) {
+                        acc_0_0 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += dQ[dQ_row0 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row0 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row0 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += dQ[dQ_row1 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row1 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row1 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += dQ[dQ_row2 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row2 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row2 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += dQ[dQ_row3 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row3 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row3 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += dQ[dQ_row4 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row4 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row4 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += dQ[dQ_row5 + c] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row5 + c] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row5 + c] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                    }
+                }
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
+            }
+        }
+    }
     /* qkv.dX.edge: scratch dxn1, dQ, qkv_WqT, dK, qkv_WkT, dV, qkv_WvT
      * for b, i (parallel) / m / h / c (simd)
      */
@@ -7725,7 +5224,166 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_qkv_dWq(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* qkv.dWq: writes dWq; scratch xn1, qkv_dQ_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                #pragma omp simd if(simd: 0)
+                for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
     /* qkv.dWq.edge: writes dWq; scratch xn1, dQ
      * for h, m (parallel) / c / b / i (simd)
      */
@@ -7764,7 +5422,166 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_qkv_dWk(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* qkv.dWk: writes dWk; scratch xn1, qkv_dK_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                #pragma omp simd if(simd: 0)
+                for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
     /* qkv.dWk.edge: writes dWk; scratch xn1, dK
      * for h, m (parallel) / c / b / i (simd)
      */
@@ -7803,7 +5620,166 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_qkv_dWv(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* qkv.dWv: writes dWv; scratch xn1, qkv_dV_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                #pragma omp simd if(simd: 0)
+                for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
     /* qkv.dWv.edge: writes dWv; scratch xn1, dV
      * for h, m (parallel) / c / b / i (simd)
      */

@@ -73,8 +73,7 @@ float expf(float) __attribute__((__simd__("notinbranch")));
 static inline double max_double(double a, double b) { return a > b ? a : b; }
 static inline float max_float(float a, float b) { return a > b ? a : b; }
 
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f64_qkv_Q(
+void block_fwd_composed_f64(
     const double *restrict x,
     const double *restrict norm1,
     const double *restrict Wq,
@@ -117,6 +116,40 @@ static void block_fwd_composed_f64_qkv_Q(
     double scale
 )
 {
+    /* norm1.rows: writes inv_rms1; reads x, norm1; scratch xn1
+     * for b, i (parallel) / c (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            double sum_sq = 0.0;
+            #pragma omp simd reduction(+:sum_sq)
+            for (int64_t c = 0; c < dm; ++c) {
+                sum_sq += x[c + dm*(b*n + i)] * x[c + dm*(b*n + i)];
+            }
+            inv_rms1[b*n + i] = 1.0 / sqrt(sum_sq / (double)dm + eps);
+            #pragma omp simd
+            for (int64_t c = 0; c < dm; ++c) {
+                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+            }
+        }
+    }
+    /* qkv.Q.pack_Wq: reads Wq; scratch qkv_Wq_panel
+     * for h (parallel) / c_tile / m / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                const int64_t qkv_Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_Wq_panel[qkv_Wq_panel_row + lane] = Wq[Wq_row + lane];
+                }
+            }
+        }
+    }
     /* qkv.Q: writes Q; scratch xn1, qkv_Wq_panel
      * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
@@ -179,6 +212,7 @@ static void block_fwd_composed_f64_qkv_Q(
                     double acc_5_5 = 0.0;
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t m = 0; m < dm; ++m) {
                         acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
                         acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
@@ -281,52 +315,41 @@ static void block_fwd_composed_f64_qkv_Q(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f64_qkv_K(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    double *restrict y,
-    double *restrict inv_rms1,
-    double *restrict Q,
-    double *restrict K,
-    double *restrict V,
-    double *restrict attn,
-    double *restrict lse,
-    double *restrict resid,
-    double *restrict inv_rms2,
-    double *restrict U,
-    double *restrict xn1,
-    double *restrict xn2,
-    double *restrict mlp_out,
-    double *restrict qkv_Wq_panel,
-    double *restrict qkv_Wk_panel,
-    double *restrict qkv_Wv_panel,
-    double *restrict attn_probs,
-    double *restrict out_Wo_panel,
-    double *restrict mlp_H,
-    double *restrict mlp_Wg_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
-)
-{
+    /* qkv.Q.edge: writes Q; reads Wq; scratch xn1
+     * for b, h, i (parallel) / c / m (simd)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t Q_row = dh*(i + n*(b*heads + h));
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
+                    }
+                    Q[Q_row + c] = xw;
+                }
+            }
+        }
+    }
+    /* qkv.K.pack_Wk: reads Wk; scratch qkv_Wk_panel
+     * for h (parallel) / c_tile / m / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                const int64_t qkv_Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t Wk_row = 8*c_tile + dh*(h + heads*m);
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_Wk_panel[qkv_Wk_panel_row + lane] = Wk[Wk_row + lane];
+                }
+            }
+        }
+    }
     /* qkv.K: writes K; scratch xn1, qkv_Wk_panel
      * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
@@ -389,6 +412,7 @@ static void block_fwd_composed_f64_qkv_K(
                     double acc_5_5 = 0.0;
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t m = 0; m < dm; ++m) {
                         acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
                         acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
@@ -491,52 +515,41 @@ static void block_fwd_composed_f64_qkv_K(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f64_qkv_V(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    double *restrict y,
-    double *restrict inv_rms1,
-    double *restrict Q,
-    double *restrict K,
-    double *restrict V,
-    double *restrict attn,
-    double *restrict lse,
-    double *restrict resid,
-    double *restrict inv_rms2,
-    double *restrict U,
-    double *restrict xn1,
-    double *restrict xn2,
-    double *restrict mlp_out,
-    double *restrict qkv_Wq_panel,
-    double *restrict qkv_Wk_panel,
-    double *restrict qkv_Wv_panel,
-    double *restrict attn_probs,
-    double *restrict out_Wo_panel,
-    double *restrict mlp_H,
-    double *restrict mlp_Wg_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
-)
-{
+    /* qkv.K.edge: writes K; reads Wk; scratch xn1
+     * for b, h, i (parallel) / c / m (simd)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t K_row = dh*(i + n*(b*heads + h));
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
+                    }
+                    K[K_row + c] = xw;
+                }
+            }
+        }
+    }
+    /* qkv.V.pack_Wv: reads Wv; scratch qkv_Wv_panel
+     * for h (parallel) / c_tile / m / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                const int64_t qkv_Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_Wv_panel[qkv_Wv_panel_row + lane] = Wv[Wv_row + lane];
+                }
+            }
+        }
+    }
     /* qkv.V: writes V; scratch xn1, qkv_Wv_panel
      * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
@@ -599,6 +612,7 @@ static void block_fwd_composed_f64_qkv_V(
                     double acc_5_5 = 0.0;
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t m = 0; m < dm; ++m) {
                         acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
                         acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
@@ -701,998 +715,6 @@ static void block_fwd_composed_f64_qkv_V(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f64_out_Y(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    double *restrict y,
-    double *restrict inv_rms1,
-    double *restrict Q,
-    double *restrict K,
-    double *restrict V,
-    double *restrict attn,
-    double *restrict lse,
-    double *restrict resid,
-    double *restrict inv_rms2,
-    double *restrict U,
-    double *restrict xn1,
-    double *restrict xn2,
-    double *restrict mlp_out,
-    double *restrict qkv_Wq_panel,
-    double *restrict qkv_Wk_panel,
-    double *restrict qkv_Wv_panel,
-    double *restrict attn_probs,
-    double *restrict out_Wo_panel,
-    double *restrict mlp_H,
-    double *restrict mlp_Wg_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
-)
-{
-    /* out.Y: writes resid; reads attn; scratch out_Wo_panel
-     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t h = 0; h < heads; ++h) {
-                    const int64_t attn_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t attn_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t attn_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t attn_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t attn_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                    }
-                }
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f64_mlp_U(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    double *restrict y,
-    double *restrict inv_rms1,
-    double *restrict Q,
-    double *restrict K,
-    double *restrict V,
-    double *restrict attn,
-    double *restrict lse,
-    double *restrict resid,
-    double *restrict inv_rms2,
-    double *restrict U,
-    double *restrict xn1,
-    double *restrict xn2,
-    double *restrict mlp_out,
-    double *restrict qkv_Wq_panel,
-    double *restrict qkv_Wk_panel,
-    double *restrict qkv_Wv_panel,
-    double *restrict attn_probs,
-    double *restrict out_Wo_panel,
-    double *restrict mlp_H,
-    double *restrict mlp_Wg_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
-)
-{
-    /* mlp.U: writes U; scratch xn2, mlp_Wg_panel
-     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
-                    for (int64_t c = 0; c < dm; ++c) {
-                        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                        acc_0_4 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                        acc_0_5 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                        acc_0_6 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                        acc_0_7 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                        acc_1_4 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                        acc_1_5 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                        acc_1_6 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                        acc_1_7 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                        acc_2_0 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                        acc_2_1 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                        acc_2_2 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                        acc_2_3 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                        acc_2_4 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                        acc_2_5 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                        acc_2_6 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                        acc_2_7 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                        acc_3_0 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                        acc_3_1 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                        acc_3_2 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                        acc_3_3 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                        acc_3_4 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                        acc_3_5 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                        acc_3_6 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                        acc_3_7 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                        acc_4_0 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                        acc_4_1 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                        acc_4_2 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                        acc_4_3 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                        acc_4_4 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                        acc_4_5 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                        acc_4_6 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                        acc_4_7 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                        acc_5_0 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
-                        acc_5_1 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
-                        acc_5_2 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
-                        acc_5_3 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
-                        acc_5_4 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
-                        acc_5_5 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
-                        acc_5_6 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
-                        acc_5_7 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
-                    }
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f64_mlp_H(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    double *restrict y,
-    double *restrict inv_rms1,
-    double *restrict Q,
-    double *restrict K,
-    double *restrict V,
-    double *restrict attn,
-    double *restrict lse,
-    double *restrict resid,
-    double *restrict inv_rms2,
-    double *restrict U,
-    double *restrict xn1,
-    double *restrict xn2,
-    double *restrict mlp_out,
-    double *restrict qkv_Wq_panel,
-    double *restrict qkv_Wk_panel,
-    double *restrict qkv_Wv_panel,
-    double *restrict attn_probs,
-    double *restrict out_Wo_panel,
-    double *restrict mlp_H,
-    double *restrict mlp_Wg_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
-)
-{
-    /* mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
-     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
-                    for (int64_t c = 0; c < dm; ++c) {
-                        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    }
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f64_mlp_F(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    double *restrict y,
-    double *restrict inv_rms1,
-    double *restrict Q,
-    double *restrict K,
-    double *restrict V,
-    double *restrict attn,
-    double *restrict lse,
-    double *restrict resid,
-    double *restrict inv_rms2,
-    double *restrict U,
-    double *restrict xn1,
-    double *restrict xn2,
-    double *restrict mlp_out,
-    double *restrict qkv_Wq_panel,
-    double *restrict qkv_Wk_panel,
-    double *restrict qkv_Wv_panel,
-    double *restrict attn_probs,
-    double *restrict out_Wo_panel,
-    double *restrict mlp_H,
-    double *restrict mlp_Wg_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
-)
-{
-    /* mlp.F: scratch mlp_out, mlp_H, mlp_Wd_panel
-     * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t mlp_H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t mlp_H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t mlp_H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t mlp_H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t mlp_H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
-                    for (int64_t e = 0; e < dff; ++e) {
-                        acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                        acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                        acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                        acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                        acc_0_4 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                        acc_0_5 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                        acc_0_6 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                        acc_0_7 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                        acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                        acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                        acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                        acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                        acc_1_4 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                        acc_1_5 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                        acc_1_6 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                        acc_1_7 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                        acc_2_0 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                        acc_2_1 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                        acc_2_2 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                        acc_2_3 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                        acc_2_4 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                        acc_2_5 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                        acc_2_6 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                        acc_2_7 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                        acc_3_0 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                        acc_3_1 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                        acc_3_2 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                        acc_3_3 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                        acc_3_4 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                        acc_3_5 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                        acc_3_6 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                        acc_3_7 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                        acc_4_0 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                        acc_4_1 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                        acc_4_2 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                        acc_4_3 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                        acc_4_4 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                        acc_4_5 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                        acc_4_6 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                        acc_4_7 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                        acc_5_0 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
-                        acc_5_1 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
-                        acc_5_2 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
-                        acc_5_3 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
-                        acc_5_4 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
-                        acc_5_5 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
-                        acc_5_6 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
-                        acc_5_7 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
-                    }
-                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-void block_fwd_composed_f64(
-    const double *restrict x,
-    const double *restrict norm1,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict Wo,
-    const double *restrict norm2,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    double *restrict y,
-    double *restrict inv_rms1,
-    double *restrict Q,
-    double *restrict K,
-    double *restrict V,
-    double *restrict attn,
-    double *restrict lse,
-    double *restrict resid,
-    double *restrict inv_rms2,
-    double *restrict U,
-    double *restrict xn1,
-    double *restrict xn2,
-    double *restrict mlp_out,
-    double *restrict qkv_Wq_panel,
-    double *restrict qkv_Wk_panel,
-    double *restrict qkv_Wv_panel,
-    double *restrict attn_probs,
-    double *restrict out_Wo_panel,
-    double *restrict mlp_H,
-    double *restrict mlp_Wg_panel,
-    double *restrict mlp_Wu_panel,
-    double *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
-)
-{
-    /* norm1.rows: writes inv_rms1; reads x, norm1; scratch xn1
-     * for b, i (parallel) / c (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            double sum_sq = 0.0;
-            #pragma omp simd reduction(+:sum_sq)
-            for (int64_t c = 0; c < dm; ++c) {
-                sum_sq += x[c + dm*(b*n + i)] * x[c + dm*(b*n + i)];
-            }
-            inv_rms1[b*n + i] = 1.0 / sqrt(sum_sq / (double)dm + eps);
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
-            }
-        }
-    }
-    /* qkv.Q.pack_Wq: reads Wq; scratch qkv_Wq_panel
-     * for h (parallel) / c_tile / m / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                const int64_t qkv_Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-                const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wq_panel[qkv_Wq_panel_row + lane] = Wq[Wq_row + lane];
-                }
-            }
-        }
-    }
-    block_fwd_composed_f64_qkv_Q(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* qkv.Q.edge: writes Q; reads Wq; scratch xn1
-     * for b, h, i (parallel) / c / m (simd)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                const int64_t Q_row = dh*(i + n*(b*heads + h));
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double xw = 0.0;
-                    #pragma omp simd reduction(+:xw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
-                    }
-                    Q[Q_row + c] = xw;
-                }
-            }
-        }
-    }
-    /* qkv.K.pack_Wk: reads Wk; scratch qkv_Wk_panel
-     * for h (parallel) / c_tile / m / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                const int64_t qkv_Wk_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-                const int64_t Wk_row = 8*c_tile + dh*(h + heads*m);
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wk_panel[qkv_Wk_panel_row + lane] = Wk[Wk_row + lane];
-                }
-            }
-        }
-    }
-    block_fwd_composed_f64_qkv_K(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* qkv.K.edge: writes K; reads Wk; scratch xn1
-     * for b, h, i (parallel) / c / m (simd)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                const int64_t K_row = dh*(i + n*(b*heads + h));
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double xw = 0.0;
-                    #pragma omp simd reduction(+:xw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
-                    }
-                    K[K_row + c] = xw;
-                }
-            }
-        }
-    }
-    /* qkv.V.pack_Wv: reads Wv; scratch qkv_Wv_panel
-     * for h (parallel) / c_tile / m / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                const int64_t qkv_Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-                const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wv_panel[qkv_Wv_panel_row + lane] = Wv[Wv_row + lane];
-                }
-            }
-        }
-    }
-    block_fwd_composed_f64_qkv_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* qkv.V.edge: writes V; reads Wv; scratch xn1
      * for b, h, i (parallel) / c / m (simd)
      */
@@ -2035,850 +1057,6 @@ void block_fwd_composed_f64(
             }
         }
     }
-    block_fwd_composed_f64_out_Y(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* out.Y.pointwise: writes resid; reads x
-     * for b, i (parallel) / m (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t resid_row = dm*(b*n + i);
-            #pragma omp simd
-            for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
-                resid[resid_row + m] = x[dm*(b*n + i) + m] + resid[resid_row + m];
-            }
-        }
-    }
-    /* out.Y.edge: writes resid; reads attn, Wo, x
-     * for b, i (parallel) / m / h / c (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                double heads_sum = 0.0;
-                for (int64_t h = 0; h < heads; ++h) {
-                    const int64_t attn_row = dh*(i + n*(b*heads + h));
-                    double ow = 0.0;
-                    #pragma omp simd reduction(+:ow)
-                    for (int64_t c = 0; c < dh; ++c) {
-                        ow += attn[attn_row + c] * Wo[dm*(c + dh*h) + m];
-                    }
-                    heads_sum += ow;
-                }
-                resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + heads_sum;
-            }
-        }
-    }
-    /* norm2.rows: writes inv_rms2; reads resid, norm2; scratch xn2
-     * for b, i (parallel) / c (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            double sum_sq = 0.0;
-            #pragma omp simd reduction(+:sum_sq)
-            for (int64_t c = 0; c < dm; ++c) {
-                sum_sq += resid[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)];
-            }
-            inv_rms2[b*n + i] = 1.0 / sqrt(sum_sq / (double)dm + eps);
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-            }
-        }
-    }
-    /* mlp.U.pack_Wg: reads Wg; scratch mlp_Wg_panel
-     * for e_tile (parallel) / c / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            const int64_t mlp_Wg_panel_row = 8*c + 8*dm*e_tile;
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
-    block_fwd_composed_f64_mlp_U(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* mlp.U.edge: writes U; reads Wg; scratch xn2
-     * for b, i (parallel) / e / c (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double xg = 0.0;
-                #pragma omp simd reduction(+:xg)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
-                }
-                U[dff*(b*n + i) + e] = xg;
-            }
-        }
-    }
-    /* mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
-     * for e_tile (parallel) / c / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
-    block_fwd_composed_f64_mlp_H(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* mlp.H.pointwise: reads U; scratch mlp_H
-     * for b, i (parallel) / e (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_H_row = dff*(b*n + i);
-            #pragma omp simd
-            for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-                mlp_H[mlp_H_row + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_H[mlp_H_row + e];
-            }
-        }
-    }
-    /* mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
-     * for b, i (parallel) / e / c (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double xu = 0.0;
-                #pragma omp simd reduction(+:xu)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
-                }
-                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * xu;
-            }
-        }
-    }
-    /* mlp.F.pack_Wd: reads Wd; scratch mlp_Wd_panel
-     * for c_tile (parallel) / e / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e = 0; e < dff; ++e) {
-            const int64_t mlp_Wd_panel_row = 8*c_tile*dff + 8*e;
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[8*c_tile + dm*e + lane];
-            }
-        }
-    }
-    block_fwd_composed_f64_mlp_F(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-    /* mlp.F.edge: reads Wd; scratch mlp_out, mlp_H
-     * for b, i (parallel) / c / e (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-                double hw = 0.0;
-                #pragma omp simd reduction(+:hw)
-                for (int64_t e = 0; e < dff; ++e) {
-                    hw += mlp_H[dff*(b*n + i) + e] * Wd[c + dm*e];
-                }
-                mlp_out[c + dm*(b*n + i)] = hw;
-            }
-        }
-    }
-    /* add.y: writes y; reads resid; scratch mlp_out
-     * for b, i (parallel) / m (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t m = 0; m < dm; ++m) {
-                y[dm*(b*n + i) + m] = resid[dm*(b*n + i) + m] + mlp_out[dm*(b*n + i) + m];
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f32_qkv_Q(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    float *restrict y,
-    float *restrict inv_rms1,
-    float *restrict Q,
-    float *restrict K,
-    float *restrict V,
-    float *restrict attn,
-    float *restrict lse,
-    float *restrict resid,
-    float *restrict inv_rms2,
-    float *restrict U,
-    float *restrict xn1,
-    float *restrict xn2,
-    float *restrict mlp_out,
-    float *restrict qkv_Wq_panel,
-    float *restrict qkv_Wk_panel,
-    float *restrict qkv_Wv_panel,
-    float *restrict attn_probs,
-    float *restrict out_Wo_panel,
-    float *restrict mlp_H,
-    float *restrict mlp_Wg_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
-)
-{
-    /* qkv.Q: writes Q; scratch xn1, qkv_Wq_panel
-     * for b, h, c_tile (parallel) / i_tile / m (register tile)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                    }
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f32_qkv_K(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    float *restrict y,
-    float *restrict inv_rms1,
-    float *restrict Q,
-    float *restrict K,
-    float *restrict V,
-    float *restrict attn,
-    float *restrict lse,
-    float *restrict resid,
-    float *restrict inv_rms2,
-    float *restrict U,
-    float *restrict xn1,
-    float *restrict xn2,
-    float *restrict mlp_out,
-    float *restrict qkv_Wq_panel,
-    float *restrict qkv_Wk_panel,
-    float *restrict qkv_Wv_panel,
-    float *restrict attn_probs,
-    float *restrict out_Wo_panel,
-    float *restrict mlp_H,
-    float *restrict mlp_Wg_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
-)
-{
-    /* qkv.K: writes K; scratch xn1, qkv_Wk_panel
-     * for b, h, c_tile (parallel) / i_tile / m (register tile)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                    }
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f32_qkv_V(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    float *restrict y,
-    float *restrict inv_rms1,
-    float *restrict Q,
-    float *restrict K,
-    float *restrict V,
-    float *restrict attn,
-    float *restrict lse,
-    float *restrict resid,
-    float *restrict inv_rms2,
-    float *restrict U,
-    float *restrict xn1,
-    float *restrict xn2,
-    float *restrict mlp_out,
-    float *restrict qkv_Wq_panel,
-    float *restrict qkv_Wk_panel,
-    float *restrict qkv_Wv_panel,
-    float *restrict attn_probs,
-    float *restrict out_Wo_panel,
-    float *restrict mlp_H,
-    float *restrict mlp_Wg_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
-)
-{
-    /* qkv.V: writes V; scratch xn1, qkv_Wv_panel
-     * for b, h, c_tile (parallel) / i_tile / m (register tile)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                    }
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f32_out_Y(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    float *restrict y,
-    float *restrict inv_rms1,
-    float *restrict Q,
-    float *restrict K,
-    float *restrict V,
-    float *restrict attn,
-    float *restrict lse,
-    float *restrict resid,
-    float *restrict inv_rms2,
-    float *restrict U,
-    float *restrict xn1,
-    float *restrict xn2,
-    float *restrict mlp_out,
-    float *restrict qkv_Wq_panel,
-    float *restrict qkv_Wk_panel,
-    float *restrict qkv_Wv_panel,
-    float *restrict attn_probs,
-    float *restrict out_Wo_panel,
-    float *restrict mlp_H,
-    float *restrict mlp_Wg_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
-)
-{
     /* out.Y: writes resid; reads attn; scratch out_Wo_panel
      * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
      */
@@ -2886,54 +1064,55 @@ static void block_fwd_composed_f32_out_Y(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                #pragma omp simd if(simd: 0)
                 for (int64_t h = 0; h < heads; ++h) {
                     const int64_t attn_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
                     const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
@@ -2941,6 +1120,7 @@ static void block_fwd_composed_f32_out_Y(
                     const int64_t attn_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
                     const int64_t attn_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
                     const int64_t attn_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    #pragma omp simd if(simd: 0)
                     for (int64_t c = 0; c < dh; ++c) {
                         acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
                         acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
@@ -3043,52 +1223,71 @@ static void block_fwd_composed_f32_out_Y(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f32_mlp_U(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    float *restrict y,
-    float *restrict inv_rms1,
-    float *restrict Q,
-    float *restrict K,
-    float *restrict V,
-    float *restrict attn,
-    float *restrict lse,
-    float *restrict resid,
-    float *restrict inv_rms2,
-    float *restrict U,
-    float *restrict xn1,
-    float *restrict xn2,
-    float *restrict mlp_out,
-    float *restrict qkv_Wq_panel,
-    float *restrict qkv_Wk_panel,
-    float *restrict qkv_Wv_panel,
-    float *restrict attn_probs,
-    float *restrict out_Wo_panel,
-    float *restrict mlp_H,
-    float *restrict mlp_Wg_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
-)
-{
+    /* out.Y.pointwise: writes resid; reads x
+     * for b, i (parallel) / m (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t resid_row = dm*(b*n + i);
+            #pragma omp simd
+            for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
+                resid[resid_row + m] = x[dm*(b*n + i) + m] + resid[resid_row + m];
+            }
+        }
+    }
+    /* out.Y.edge: writes resid; reads attn, Wo, x
+     * for b, i (parallel) / m / h / c (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+                double heads_sum = 0.0;
+                for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t attn_row = dh*(i + n*(b*heads + h));
+                    double ow = 0.0;
+                    #pragma omp simd reduction(+:ow)
+                    for (int64_t c = 0; c < dh; ++c) {
+                        ow += attn[attn_row + c] * Wo[dm*(c + dh*h) + m];
+                    }
+                    heads_sum += ow;
+                }
+                resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + heads_sum;
+            }
+        }
+    }
+    /* norm2.rows: writes inv_rms2; reads resid, norm2; scratch xn2
+     * for b, i (parallel) / c (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            double sum_sq = 0.0;
+            #pragma omp simd reduction(+:sum_sq)
+            for (int64_t c = 0; c < dm; ++c) {
+                sum_sq += resid[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)];
+            }
+            inv_rms2[b*n + i] = 1.0 / sqrt(sum_sq / (double)dm + eps);
+            #pragma omp simd
+            for (int64_t c = 0; c < dm; ++c) {
+                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+            }
+        }
+    }
+    /* mlp.U.pack_Wg: reads Wg; scratch mlp_Wg_panel
+     * for e_tile (parallel) / c / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            const int64_t mlp_Wg_panel_row = 8*c + 8*dm*e_tile;
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_Wg_panel[mlp_Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
     /* mlp.U: writes U; scratch xn2, mlp_Wg_panel
      * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
      */
@@ -3103,54 +1302,55 @@ static void block_fwd_composed_f32_mlp_U(
                     const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
                     const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
                     const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t c = 0; c < dm; ++c) {
                         acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
                         acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
@@ -3253,52 +1453,35 @@ static void block_fwd_composed_f32_mlp_U(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f32_mlp_H(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    float *restrict y,
-    float *restrict inv_rms1,
-    float *restrict Q,
-    float *restrict K,
-    float *restrict V,
-    float *restrict attn,
-    float *restrict lse,
-    float *restrict resid,
-    float *restrict inv_rms2,
-    float *restrict U,
-    float *restrict xn1,
-    float *restrict xn2,
-    float *restrict mlp_out,
-    float *restrict qkv_Wq_panel,
-    float *restrict qkv_Wk_panel,
-    float *restrict qkv_Wv_panel,
-    float *restrict attn_probs,
-    float *restrict out_Wo_panel,
-    float *restrict mlp_H,
-    float *restrict mlp_Wg_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
-)
-{
+    /* mlp.U.edge: writes U; reads Wg; scratch xn2
+     * for b, i (parallel) / e / c (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                double xg = 0.0;
+                #pragma omp simd reduction(+:xg)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
+                }
+                U[dff*(b*n + i) + e] = xg;
+            }
+        }
+    }
+    /* mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+     * for e_tile (parallel) / c / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
     /* mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
      * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
      */
@@ -3313,54 +1496,55 @@ static void block_fwd_composed_f32_mlp_H(
                     const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
                     const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
                     const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t c = 0; c < dm; ++c) {
                         acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
                         acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
@@ -3463,52 +1647,48 @@ static void block_fwd_composed_f32_mlp_H(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void block_fwd_composed_f32_mlp_F(
-    const float *restrict x,
-    const float *restrict norm1,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict Wo,
-    const float *restrict norm2,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    float *restrict y,
-    float *restrict inv_rms1,
-    float *restrict Q,
-    float *restrict K,
-    float *restrict V,
-    float *restrict attn,
-    float *restrict lse,
-    float *restrict resid,
-    float *restrict inv_rms2,
-    float *restrict U,
-    float *restrict xn1,
-    float *restrict xn2,
-    float *restrict mlp_out,
-    float *restrict qkv_Wq_panel,
-    float *restrict qkv_Wk_panel,
-    float *restrict qkv_Wv_panel,
-    float *restrict attn_probs,
-    float *restrict out_Wo_panel,
-    float *restrict mlp_H,
-    float *restrict mlp_Wg_panel,
-    float *restrict mlp_Wu_panel,
-    float *restrict mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
-)
-{
+    /* mlp.H.pointwise: reads U; scratch mlp_H
+     * for b, i (parallel) / e (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t mlp_H_row = dff*(b*n + i);
+            #pragma omp simd
+            for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
+                mlp_H[mlp_H_row + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_H[mlp_H_row + e];
+            }
+        }
+    }
+    /* mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+     * for b, i (parallel) / e / c (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                double xu = 0.0;
+                #pragma omp simd reduction(+:xu)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
+                }
+                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * xu;
+            }
+        }
+    }
+    /* mlp.F.pack_Wd: reads Wd; scratch mlp_Wd_panel
+     * for c_tile (parallel) / e / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            const int64_t mlp_Wd_panel_row = 8*c_tile*dff + 8*e;
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_Wd_panel[mlp_Wd_panel_row + lane] = Wd[8*c_tile + dm*e + lane];
+            }
+        }
+    }
     /* mlp.F: scratch mlp_out, mlp_H, mlp_Wd_panel
      * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
      */
@@ -3523,54 +1703,55 @@ static void block_fwd_composed_f32_mlp_F(
                     const int64_t mlp_H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
                     const int64_t mlp_H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
                     const int64_t mlp_H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t e = 0; e < dff; ++e) {
                         acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
                         acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
@@ -3673,6 +1854,34 @@ static void block_fwd_composed_f32_mlp_F(
             }
         }
     }
+    /* mlp.F.edge: reads Wd; scratch mlp_out, mlp_H
+     * for b, i (parallel) / c / e (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+                double hw = 0.0;
+                #pragma omp simd reduction(+:hw)
+                for (int64_t e = 0; e < dff; ++e) {
+                    hw += mlp_H[dff*(b*n + i) + e] * Wd[c + dm*e];
+                }
+                mlp_out[c + dm*(b*n + i)] = hw;
+            }
+        }
+    }
+    /* add.y: writes y; reads resid; scratch mlp_out
+     * for b, i (parallel) / m (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t m = 0; m < dm; ++m) {
+                y[dm*(b*n + i) + m] = resid[dm*(b*n + i) + m] + mlp_out[dm*(b*n + i) + m];
+            }
+        }
+    }
 }
 
 void block_fwd_composed_f32(
@@ -3752,7 +1961,171 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_qkv_Q(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* qkv.Q: writes Q; scratch xn1, qkv_Wq_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += xn1[xn1_row0 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += xn1[xn1_row1 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += xn1[xn1_row2 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += xn1[xn1_row3 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += xn1[xn1_row4 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += xn1[xn1_row5 + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                    }
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* qkv.Q.edge: writes Q; reads Wq; scratch xn1
      * for b, h, i (parallel) / c / m (simd)
      */
@@ -3788,7 +2161,171 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_qkv_K(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* qkv.K: writes K; scratch xn1, qkv_Wk_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += xn1[xn1_row0 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += xn1[xn1_row1 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += xn1[xn1_row2 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += xn1[xn1_row3 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += xn1[xn1_row4 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += xn1[xn1_row5 + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                    }
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* qkv.K.edge: writes K; reads Wk; scratch xn1
      * for b, h, i (parallel) / c / m (simd)
      */
@@ -3824,7 +2361,171 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_qkv_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* qkv.V: writes V; scratch xn1, qkv_Wv_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t xn1_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t xn1_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t xn1_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t xn1_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t xn1_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t xn1_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        acc_0_0 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += xn1[xn1_row0 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += xn1[xn1_row1 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += xn1[xn1_row2 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += xn1[xn1_row3 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += xn1[xn1_row4 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += xn1[xn1_row5 + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                    }
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* qkv.V.edge: writes V; reads Wv; scratch xn1
      * for b, h, i (parallel) / c / m (simd)
      */
@@ -4167,7 +2868,172 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_out_Y(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* out.Y: writes resid; reads attn; scratch out_Wo_panel
+     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                #pragma omp simd if(simd: 0)
+                for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t attn_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t attn_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t attn_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t attn_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t attn_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t attn_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t c = 0; c < dh; ++c) {
+                        acc_0_0 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += attn[attn_row0 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += attn[attn_row1 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += attn[attn_row2 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += attn[attn_row3 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += attn[attn_row4 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += attn[attn_row5 + c] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                    }
+                }
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
+            }
+        }
+    }
     /* out.Y.pointwise: writes resid; reads x
      * for b, i (parallel) / m (simd)
      */
@@ -4233,7 +3099,171 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_mlp_U(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* mlp.U: writes U; scratch xn2, mlp_Wg_panel
+     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += xn2[xn2_row0 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += xn2[xn2_row1 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += xn2[xn2_row2 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += xn2[xn2_row3 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += xn2[xn2_row4 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += xn2[xn2_row5 + c] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* mlp.U.edge: writes U; reads Wg; scratch xn2
      * for b, i (parallel) / e / c (simd)
      */
@@ -4263,7 +3293,171 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_mlp_H(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* mlp.H.pointwise: reads U; scratch mlp_H
      * for b, i (parallel) / e (simd)
      */
@@ -4306,7 +3500,171 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_mlp_F(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* mlp.F: scratch mlp_out, mlp_H, mlp_Wd_panel
+     * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t mlp_H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t mlp_H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t mlp_H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t mlp_H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t mlp_H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t mlp_H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t e = 0; e < dff; ++e) {
+                        acc_0_0 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                        acc_0_1 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                        acc_0_2 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                        acc_0_3 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                        acc_0_4 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                        acc_0_5 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                        acc_0_6 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                        acc_0_7 += mlp_H[mlp_H_row0 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                        acc_1_0 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                        acc_1_1 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                        acc_1_2 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                        acc_1_3 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                        acc_1_4 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                        acc_1_5 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                        acc_1_6 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                        acc_1_7 += mlp_H[mlp_H_row1 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                        acc_2_0 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                        acc_2_1 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                        acc_2_2 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                        acc_2_3 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                        acc_2_4 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                        acc_2_5 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                        acc_2_6 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                        acc_2_7 += mlp_H[mlp_H_row2 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                        acc_3_0 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                        acc_3_1 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                        acc_3_2 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                        acc_3_3 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                        acc_3_4 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                        acc_3_5 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                        acc_3_6 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                        acc_3_7 += mlp_H[mlp_H_row3 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                        acc_4_0 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                        acc_4_1 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                        acc_4_2 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                        acc_4_3 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                        acc_4_4 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                        acc_4_5 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                        acc_4_6 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                        acc_4_7 += mlp_H[mlp_H_row4 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                        acc_5_0 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                        acc_5_1 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                        acc_5_2 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                        acc_5_3 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                        acc_5_4 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                        acc_5_5 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                        acc_5_6 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                        acc_5_7 += mlp_H[mlp_H_row5 + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                    }
+                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* mlp.F.edge: reads Wd; scratch mlp_out, mlp_H
      * for b, i (parallel) / c / e (simd)
      */

@@ -31,8 +31,7 @@ double exp(double) __attribute__((__simd__("notinbranch")));
 float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
 
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_bwd_tiled_f64_dH(
+void mlp_bwd_tiled_f64(
     const double *restrict X,
     const double *restrict Wg,
     const double *restrict Wu,
@@ -65,6 +64,29 @@ static void mlp_bwd_tiled_f64_dH(
     int64_t dff
 )
 {
+    /* WdT: reads Wd; scratch WdT
+     * for c (parallel) / e (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c = 0; c < dm; ++c) {
+        #pragma omp simd
+        for (int64_t e = 0; e < dff; ++e) {
+            WdT[c*dff + e] = Wd[c + dm*e];
+        }
+    }
+    /* dH.pack_WdT: scratch WdT_panel, WdT
+     * for e_tile (parallel) / c / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            const int64_t WdT_panel_row = 8*c + 8*dm*e_tile;
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                WdT_panel[WdT_panel_row + lane] = WdT[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
     /* dH: reads dF; scratch dH, WdT_panel
      * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
      */
@@ -127,6 +149,7 @@ static void mlp_bwd_tiled_f64_dH(
                     double acc_5_5 = 0.0;
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t c = 0; c < dm; ++c) {
                         acc_0_0 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile];
                         acc_0_1 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
@@ -229,42 +252,35 @@ static void mlp_bwd_tiled_f64_dH(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_bwd_tiled_f64_V(
-    const double *restrict X,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict U,
-    const double *restrict dF,
-    double *restrict dX,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict WdT,
-    double *restrict dH,
-    double *restrict V,
-    double *restrict dU,
-    double *restrict WgT,
-    double *restrict dV,
-    double *restrict WuT,
-    double *restrict XT,
-    double *restrict HT,
-    double *restrict WdT_panel,
-    double *restrict Wu_panel,
-    double *restrict WgT_panel,
-    double *restrict WuT_panel,
-    double *restrict dU_panel,
-    double *restrict dV_panel,
-    double *restrict dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
+    /* dH.edge: reads dF; scratch dH, WdT
+     * for b, i (parallel) / e / c (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                double dfw = 0.0;
+                #pragma omp simd reduction(+:dfw)
+                for (int64_t c = 0; c < dm; ++c) {
+                    dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
+                }
+                dH[dff*(b*n + i) + e] = dfw;
+            }
+        }
+    }
+    /* V.pack_Wu: reads Wu; scratch Wu_panel
+     * for e_tile (parallel) / c / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            const int64_t Wu_panel_row = 8*c + 8*dm*e_tile;
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                Wu_panel[Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
     /* V: reads X; scratch V, Wu_panel
      * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
      */
@@ -327,6 +343,7 @@ static void mlp_bwd_tiled_f64_V(
                     double acc_5_5 = 0.0;
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t c = 0; c < dm; ++c) {
                         acc_0_0 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile];
                         acc_0_1 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
@@ -429,895 +446,6 @@ static void mlp_bwd_tiled_f64_V(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_bwd_tiled_f64_dX(
-    const double *restrict X,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict U,
-    const double *restrict dF,
-    double *restrict dX,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict WdT,
-    double *restrict dH,
-    double *restrict V,
-    double *restrict dU,
-    double *restrict WgT,
-    double *restrict dV,
-    double *restrict WuT,
-    double *restrict XT,
-    double *restrict HT,
-    double *restrict WdT_panel,
-    double *restrict Wu_panel,
-    double *restrict WgT_panel,
-    double *restrict WuT_panel,
-    double *restrict dU_panel,
-    double *restrict dV_panel,
-    double *restrict dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    /* dX: writes dX; scratch dU, WgT_panel, dV, WuT_panel
-     * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    const int64_t dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
-                    for (int64_t e = 0; e < dff; ++e) {
-                        acc_0_0 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e];
-                        acc_0_1 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_0_2 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_0_3 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_0_4 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_0_5 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_0_6 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_0_7 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_1_0 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e];
-                        acc_1_1 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_1_2 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_1_3 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_1_4 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_1_5 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_1_6 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_1_7 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_2_0 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e];
-                        acc_2_1 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_2_2 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_2_3 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_2_4 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_2_5 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_2_6 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_2_7 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_3_0 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e];
-                        acc_3_1 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_3_2 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_3_3 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_3_4 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_3_5 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_3_6 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_3_7 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_4_0 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e];
-                        acc_4_1 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_4_2 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_4_3 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_4_4 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_4_5 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_4_6 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_4_7 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_5_0 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e];
-                        acc_5_1 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_5_2 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_5_3 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_5_4 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_5_5 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_5_6 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_5_7 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                    }
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_bwd_tiled_f64_dWg(
-    const double *restrict X,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict U,
-    const double *restrict dF,
-    double *restrict dX,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict WdT,
-    double *restrict dH,
-    double *restrict V,
-    double *restrict dU,
-    double *restrict WgT,
-    double *restrict dV,
-    double *restrict WuT,
-    double *restrict XT,
-    double *restrict HT,
-    double *restrict WdT_panel,
-    double *restrict Wu_panel,
-    double *restrict WgT_panel,
-    double *restrict WuT_panel,
-    double *restrict dU_panel,
-    double *restrict dV_panel,
-    double *restrict dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    /* dWg: writes dWg; scratch XT, dU_panel
-     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
-                const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
-                const int64_t XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
-                const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
-                const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
-                const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
-                for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                }
-            }
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_bwd_tiled_f64_dWu(
-    const double *restrict X,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict U,
-    const double *restrict dF,
-    double *restrict dX,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict WdT,
-    double *restrict dH,
-    double *restrict V,
-    double *restrict dU,
-    double *restrict WgT,
-    double *restrict dV,
-    double *restrict WuT,
-    double *restrict XT,
-    double *restrict HT,
-    double *restrict WdT_panel,
-    double *restrict Wu_panel,
-    double *restrict WgT_panel,
-    double *restrict WuT_panel,
-    double *restrict dU_panel,
-    double *restrict dV_panel,
-    double *restrict dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    /* dWu: writes dWu; scratch XT, dV_panel
-     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
-                const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
-                const int64_t XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
-                const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
-                const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
-                const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
-                for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                }
-            }
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_bwd_tiled_f64_dWd(
-    const double *restrict X,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict U,
-    const double *restrict dF,
-    double *restrict dX,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict WdT,
-    double *restrict dH,
-    double *restrict V,
-    double *restrict dU,
-    double *restrict WgT,
-    double *restrict dV,
-    double *restrict WuT,
-    double *restrict XT,
-    double *restrict HT,
-    double *restrict WdT_panel,
-    double *restrict Wu_panel,
-    double *restrict WgT_panel,
-    double *restrict WuT_panel,
-    double *restrict dU_panel,
-    double *restrict dV_panel,
-    double *restrict dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    /* dWd: writes dWd; scratch HT, dF_panel
-     * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                const int64_t HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
-                const int64_t HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
-                const int64_t HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
-                const int64_t HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
-                const int64_t HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
-                const int64_t HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
-                for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_0_1 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_0_2 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_0_3 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_0_4 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_0_5 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_0_6 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_0_7 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_1_0 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_1_1 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_1_2 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_1_3 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_1_4 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_1_5 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_1_6 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_1_7 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_2_0 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_2_1 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_2_2 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_2_3 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_2_4 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_2_5 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_2_6 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_2_7 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_3_0 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_3_1 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_3_2 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_3_3 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_3_4 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_3_5 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_3_6 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_3_7 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_4_0 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_4_1 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_4_2 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_4_3 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_4_4 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_4_5 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_4_6 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_4_7 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_5_0 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_5_1 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_5_2 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_5_3 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_5_4 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_5_5 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_5_6 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_5_7 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                }
-            }
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
-        }
-    }
-}
-
-void mlp_bwd_tiled_f64(
-    const double *restrict X,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    const double *restrict U,
-    const double *restrict dF,
-    double *restrict dX,
-    double *restrict dWg,
-    double *restrict dWu,
-    double *restrict dWd,
-    double *restrict WdT,
-    double *restrict dH,
-    double *restrict V,
-    double *restrict dU,
-    double *restrict WgT,
-    double *restrict dV,
-    double *restrict WuT,
-    double *restrict XT,
-    double *restrict HT,
-    double *restrict WdT_panel,
-    double *restrict Wu_panel,
-    double *restrict WgT_panel,
-    double *restrict WuT_panel,
-    double *restrict dU_panel,
-    double *restrict dV_panel,
-    double *restrict dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    /* WdT: reads Wd; scratch WdT
-     * for c (parallel) / e (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c = 0; c < dm; ++c) {
-        #pragma omp simd
-        for (int64_t e = 0; e < dff; ++e) {
-            WdT[c*dff + e] = Wd[c + dm*e];
-        }
-    }
-    /* dH.pack_WdT: scratch WdT_panel, WdT
-     * for e_tile (parallel) / c / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            const int64_t WdT_panel_row = 8*c + 8*dm*e_tile;
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                WdT_panel[WdT_panel_row + lane] = WdT[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
-    mlp_bwd_tiled_f64_dH(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dH.edge: reads dF; scratch dH, WdT
-     * for b, i (parallel) / e / c (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double dfw = 0.0;
-                #pragma omp simd reduction(+:dfw)
-                for (int64_t c = 0; c < dm; ++c) {
-                    dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
-                }
-                dH[dff*(b*n + i) + e] = dfw;
-            }
-        }
-    }
-    /* V.pack_Wu: reads Wu; scratch Wu_panel
-     * for e_tile (parallel) / c / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            const int64_t Wu_panel_row = 8*c + 8*dm*e_tile;
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                Wu_panel[Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
-    mlp_bwd_tiled_f64_V(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
     /* V.edge: reads X, Wu; scratch V
      * for b, i (parallel) / e / c (simd)
      */
@@ -1406,588 +534,6 @@ void mlp_bwd_tiled_f64(
             }
         }
     }
-    mlp_bwd_tiled_f64_dX(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dX.edge: writes dX; scratch dU, WgT, dV, WuT
-     * for b, i (parallel) / c / e (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-                double dug = 0.0;
-                #pragma omp simd reduction(+:dug)
-                for (int64_t e = 0; e < dff; ++e) {
-                    dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e] + dV[dff*(b*n + i) + e] * WuT[c + dm*e];
-                }
-                dX[c + dm*(b*n + i)] = dug;
-            }
-        }
-    }
-    /* XT: reads X; scratch XT
-     * for b, c (parallel) / i (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t i = 0; i < n; ++i) {
-                XT[i + n*(b*dm + c)] = X[c + dm*(b*n + i)];
-            }
-        }
-    }
-    /* dWg.pack_dU: scratch dU_panel, dU
-     * for e_tile (parallel) / b / i / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                const int64_t dU_panel_row = 8*i + 8*n*(b + batch*e_tile);
-                const int64_t dU_row = dff*(b*n + i) + 8*e_tile;
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    dU_panel[dU_panel_row + lane] = dU[dU_row + lane];
-                }
-            }
-        }
-    }
-    mlp_bwd_tiled_f64_dWg(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dWg.edge: writes dWg; scratch XT, dU
-     * for c (parallel) / e / b / i (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c = 0; c < dm; ++c) {
-        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            double batch_g = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                double xdu = 0.0;
-                #pragma omp simd reduction(+:xdu)
-                for (int64_t i = 0; i < n; ++i) {
-                    xdu += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
-                }
-                batch_g += xdu;
-            }
-            dWg[c*dff + e] = batch_g;
-        }
-    }
-    /* dWu.pack_dV: scratch dV_panel, dV
-     * for e_tile (parallel) / b / i / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                const int64_t dV_panel_row = 8*i + 8*n*(b + batch*e_tile);
-                const int64_t dV_row = dff*(b*n + i) + 8*e_tile;
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    dV_panel[dV_panel_row + lane] = dV[dV_row + lane];
-                }
-            }
-        }
-    }
-    mlp_bwd_tiled_f64_dWu(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dWu.edge: writes dWu; scratch XT, dV
-     * for c (parallel) / e / b / i (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c = 0; c < dm; ++c) {
-        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            double batch_u = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                double xdv = 0.0;
-                #pragma omp simd reduction(+:xdv)
-                for (int64_t i = 0; i < n; ++i) {
-                    xdv += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
-                }
-                batch_u += xdv;
-            }
-            dWu[c*dff + e] = batch_u;
-        }
-    }
-    /* HT: reads U; scratch HT, V
-     * for b, e (parallel) / i (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t e = 0; e < dff; ++e) {
-            #pragma omp simd
-            for (int64_t i = 0; i < n; ++i) {
-                HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * V[dff*(b*n + i) + e];
-            }
-        }
-    }
-    /* dWd.pack_dF: reads dF; scratch dF_panel
-     * for c_tile (parallel) / b / i / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                const int64_t dF_panel_row = 8*i + 8*n*(b + batch*c_tile);
-                const int64_t dF_row = 8*c_tile + dm*(b*n + i);
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    dF_panel[dF_panel_row + lane] = dF[dF_row + lane];
-                }
-            }
-        }
-    }
-    mlp_bwd_tiled_f64_dWd(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
-    /* dWd.edge: writes dWd; reads dF; scratch HT
-     * for e (parallel) / c / b / i (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e = 0; e < dff; ++e) {
-        for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-            double batch_d = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                double hdf = 0.0;
-                #pragma omp simd reduction(+:hdf)
-                for (int64_t i = 0; i < n; ++i) {
-                    hdf += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
-                }
-                batch_d += hdf;
-            }
-            dWd[c + dm*e] = batch_d;
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_bwd_tiled_f32_dH(
-    const float *restrict X,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict U,
-    const float *restrict dF,
-    float *restrict dX,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict WdT,
-    float *restrict dH,
-    float *restrict V,
-    float *restrict dU,
-    float *restrict WgT,
-    float *restrict dV,
-    float *restrict WuT,
-    float *restrict XT,
-    float *restrict HT,
-    float *restrict WdT_panel,
-    float *restrict Wu_panel,
-    float *restrict WgT_panel,
-    float *restrict WuT_panel,
-    float *restrict dU_panel,
-    float *restrict dV_panel,
-    float *restrict dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    /* dH: reads dF; scratch dH, WdT_panel
-     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t dF_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t dF_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t dF_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t dF_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t dF_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t dF_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t c = 0; c < dm; ++c) {
-                        acc_0_0 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile];
-                        acc_0_1 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_0_2 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_0_3 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_0_4 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_0_5 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_0_6 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_0_7 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_1_0 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile];
-                        acc_1_1 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_1_2 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_1_3 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_1_4 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_1_5 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_1_6 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_1_7 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_2_0 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile];
-                        acc_2_1 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_2_2 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_2_3 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_2_4 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_2_5 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_2_6 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_2_7 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_3_0 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile];
-                        acc_3_1 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_3_2 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_3_3 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_3_4 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_3_5 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_3_6 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_3_7 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_4_0 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile];
-                        acc_4_1 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_4_2 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_4_3 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_4_4 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_4_5 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_4_6 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_4_7 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                        acc_5_0 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile];
-                        acc_5_1 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
-                        acc_5_2 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
-                        acc_5_3 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
-                        acc_5_4 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
-                        acc_5_5 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
-                        acc_5_6 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
-                        acc_5_7 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
-                    }
-                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_bwd_tiled_f32_V(
-    const float *restrict X,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict U,
-    const float *restrict dF,
-    float *restrict dX,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict WdT,
-    float *restrict dH,
-    float *restrict V,
-    float *restrict dU,
-    float *restrict WgT,
-    float *restrict dV,
-    float *restrict WuT,
-    float *restrict XT,
-    float *restrict HT,
-    float *restrict WdT_panel,
-    float *restrict Wu_panel,
-    float *restrict WgT_panel,
-    float *restrict WuT_panel,
-    float *restrict dU_panel,
-    float *restrict dV_panel,
-    float *restrict dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    /* V: reads X; scratch V, Wu_panel
-     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t c = 0; c < dm; ++c) {
-                        acc_0_0 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile];
-                        acc_0_1 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_0_2 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_0_3 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_0_4 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_0_5 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_0_6 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_0_7 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_1_0 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile];
-                        acc_1_1 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_1_2 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_1_3 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_1_4 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_1_5 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_1_6 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_1_7 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_2_0 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile];
-                        acc_2_1 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_2_2 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_2_3 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_2_4 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_2_5 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_2_6 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_2_7 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_3_0 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile];
-                        acc_3_1 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_3_2 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_3_3 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_3_4 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_3_5 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_3_6 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_3_7 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_4_0 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile];
-                        acc_4_1 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_4_2 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_4_3 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_4_4 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_4_5 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_4_6 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_4_7 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_5_0 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile];
-                        acc_5_1 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_5_2 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_5_3 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_5_4 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_5_5 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_5_6 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_5_7 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    }
-                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_bwd_tiled_f32_dX(
-    const float *restrict X,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict U,
-    const float *restrict dF,
-    float *restrict dX,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict WdT,
-    float *restrict dH,
-    float *restrict V,
-    float *restrict dU,
-    float *restrict WgT,
-    float *restrict dV,
-    float *restrict WuT,
-    float *restrict XT,
-    float *restrict HT,
-    float *restrict WdT_panel,
-    float *restrict Wu_panel,
-    float *restrict WgT_panel,
-    float *restrict WuT_panel,
-    float *restrict dU_panel,
-    float *restrict dV_panel,
-    float *restrict dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
     /* dX: writes dX; scratch dU, WgT_panel, dV, WuT_panel
      * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
      */
@@ -2008,54 +554,55 @@ static void mlp_bwd_tiled_f32_dX(
                     const int64_t dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
                     const int64_t dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
                     const int64_t dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t e = 0; e < dff; ++e) {
                         acc_0_0 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e];
                         acc_0_1 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
@@ -2158,96 +705,105 @@ static void mlp_bwd_tiled_f32_dX(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_bwd_tiled_f32_dWg(
-    const float *restrict X,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict U,
-    const float *restrict dF,
-    float *restrict dX,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict WdT,
-    float *restrict dH,
-    float *restrict V,
-    float *restrict dU,
-    float *restrict WgT,
-    float *restrict dV,
-    float *restrict WuT,
-    float *restrict XT,
-    float *restrict HT,
-    float *restrict WdT_panel,
-    float *restrict Wu_panel,
-    float *restrict WgT_panel,
-    float *restrict WuT_panel,
-    float *restrict dU_panel,
-    float *restrict dV_panel,
-    float *restrict dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
+    /* dX.edge: writes dX; scratch dU, WgT, dV, WuT
+     * for b, i (parallel) / c / e (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+                double dug = 0.0;
+                #pragma omp simd reduction(+:dug)
+                for (int64_t e = 0; e < dff; ++e) {
+                    dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e] + dV[dff*(b*n + i) + e] * WuT[c + dm*e];
+                }
+                dX[c + dm*(b*n + i)] = dug;
+            }
+        }
+    }
+    /* XT: reads X; scratch XT
+     * for b, c (parallel) / i (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t i = 0; i < n; ++i) {
+                XT[i + n*(b*dm + c)] = X[c + dm*(b*n + i)];
+            }
+        }
+    }
+    /* dWg.pack_dU: scratch dU_panel, dU
+     * for e_tile (parallel) / b / i / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t dU_panel_row = 8*i + 8*n*(b + batch*e_tile);
+                const int64_t dU_row = dff*(b*n + i) + 8*e_tile;
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    dU_panel[dU_panel_row + lane] = dU[dU_row + lane];
+                }
+            }
+        }
+    }
     /* dWg: writes dWg; scratch XT, dU_panel
      * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            #pragma omp simd if(simd: 0)
             for (int64_t b = 0; b < batch; ++b) {
                 const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
                 const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
@@ -2255,6 +811,7 @@ static void mlp_bwd_tiled_f32_dWg(
                 const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
                 const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
                 const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
+                #pragma omp simd if(simd: 0)
                 for (int64_t i = 0; i < n; ++i) {
                     acc_0_0 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
                     acc_0_1 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
@@ -2356,96 +913,95 @@ static void mlp_bwd_tiled_f32_dWg(
             dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_bwd_tiled_f32_dWu(
-    const float *restrict X,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict U,
-    const float *restrict dF,
-    float *restrict dX,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict WdT,
-    float *restrict dH,
-    float *restrict V,
-    float *restrict dU,
-    float *restrict WgT,
-    float *restrict dV,
-    float *restrict WuT,
-    float *restrict XT,
-    float *restrict HT,
-    float *restrict WdT_panel,
-    float *restrict Wu_panel,
-    float *restrict WgT_panel,
-    float *restrict WuT_panel,
-    float *restrict dU_panel,
-    float *restrict dV_panel,
-    float *restrict dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
+    /* dWg.edge: writes dWg; scratch XT, dU
+     * for c (parallel) / e / b / i (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+            double batch_g = 0.0;
+            for (int64_t b = 0; b < batch; ++b) {
+                double xdu = 0.0;
+                #pragma omp simd reduction(+:xdu)
+                for (int64_t i = 0; i < n; ++i) {
+                    xdu += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
+                }
+                batch_g += xdu;
+            }
+            dWg[c*dff + e] = batch_g;
+        }
+    }
+    /* dWu.pack_dV: scratch dV_panel, dV
+     * for e_tile (parallel) / b / i / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t dV_panel_row = 8*i + 8*n*(b + batch*e_tile);
+                const int64_t dV_row = dff*(b*n + i) + 8*e_tile;
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    dV_panel[dV_panel_row + lane] = dV[dV_row + lane];
+                }
+            }
+        }
+    }
     /* dWu: writes dWu; scratch XT, dV_panel
      * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            #pragma omp simd if(simd: 0)
             for (int64_t b = 0; b < batch; ++b) {
                 const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
                 const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
@@ -2453,6 +1009,7 @@ static void mlp_bwd_tiled_f32_dWu(
                 const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
                 const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
                 const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
+                #pragma omp simd if(simd: 0)
                 for (int64_t i = 0; i < n; ++i) {
                     acc_0_0 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
                     acc_0_1 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
@@ -2554,96 +1111,107 @@ static void mlp_bwd_tiled_f32_dWu(
             dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_bwd_tiled_f32_dWd(
-    const float *restrict X,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    const float *restrict U,
-    const float *restrict dF,
-    float *restrict dX,
-    float *restrict dWg,
-    float *restrict dWu,
-    float *restrict dWd,
-    float *restrict WdT,
-    float *restrict dH,
-    float *restrict V,
-    float *restrict dU,
-    float *restrict WgT,
-    float *restrict dV,
-    float *restrict WuT,
-    float *restrict XT,
-    float *restrict HT,
-    float *restrict WdT_panel,
-    float *restrict Wu_panel,
-    float *restrict WgT_panel,
-    float *restrict WuT_panel,
-    float *restrict dU_panel,
-    float *restrict dV_panel,
-    float *restrict dF_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
+    /* dWu.edge: writes dWu; scratch XT, dV
+     * for c (parallel) / e / b / i (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+            double batch_u = 0.0;
+            for (int64_t b = 0; b < batch; ++b) {
+                double xdv = 0.0;
+                #pragma omp simd reduction(+:xdv)
+                for (int64_t i = 0; i < n; ++i) {
+                    xdv += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
+                }
+                batch_u += xdv;
+            }
+            dWu[c*dff + e] = batch_u;
+        }
+    }
+    /* HT: reads U; scratch HT, V
+     * for b, e (parallel) / i (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
+            for (int64_t i = 0; i < n; ++i) {
+                HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * V[dff*(b*n + i) + e];
+            }
+        }
+    }
+    /* dWd.pack_dF: reads dF; scratch dF_panel
+     * for c_tile (parallel) / b / i / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t dF_panel_row = 8*i + 8*n*(b + batch*c_tile);
+                const int64_t dF_row = 8*c_tile + dm*(b*n + i);
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    dF_panel[dF_panel_row + lane] = dF[dF_row + lane];
+                }
+            }
+        }
+    }
     /* dWd: writes dWd; scratch HT, dF_panel
      * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            #pragma omp simd if(simd: 0)
             for (int64_t b = 0; b < batch; ++b) {
                 const int64_t HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
                 const int64_t HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
@@ -2651,6 +1219,7 @@ static void mlp_bwd_tiled_f32_dWd(
                 const int64_t HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
                 const int64_t HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
                 const int64_t HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
+                #pragma omp simd if(simd: 0)
                 for (int64_t i = 0; i < n; ++i) {
                     acc_0_0 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
                     acc_0_1 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
@@ -2752,6 +1321,24 @@ static void mlp_bwd_tiled_f32_dWd(
             dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
         }
     }
+    /* dWd.edge: writes dWd; reads dF; scratch HT
+     * for e (parallel) / c / b / i (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e = 0; e < dff; ++e) {
+        for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+            double batch_d = 0.0;
+            for (int64_t b = 0; b < batch; ++b) {
+                double hdf = 0.0;
+                #pragma omp simd reduction(+:hdf)
+                for (int64_t i = 0; i < n; ++i) {
+                    hdf += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
+                }
+                batch_d += hdf;
+            }
+            dWd[c + dm*e] = batch_d;
+        }
+    }
 }
 
 void mlp_bwd_tiled_f32(
@@ -2810,7 +1397,171 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    mlp_bwd_tiled_f32_dH(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+    /* dH: reads dF; scratch dH, WdT_panel
+     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t dF_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dF_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dF_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dF_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dF_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dF_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += dF[dF_row0 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += dF[dF_row1 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += dF[dF_row2 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += dF[dF_row3 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += dF[dF_row4 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += dF[dF_row5 + c] * WdT_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* dH.edge: reads dF; scratch dH, WdT
      * for b, i (parallel) / e / c (simd)
      */
@@ -2840,7 +1591,171 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    mlp_bwd_tiled_f32_V(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+    /* V: reads X; scratch V, Wu_panel
+     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* V.edge: reads X, Wu; scratch V
      * for b, i (parallel) / e / c (simd)
      */
@@ -2929,7 +1844,177 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    mlp_bwd_tiled_f32_dX(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+    /* dX: writes dX; scratch dU, WgT_panel, dV, WuT_panel
+     * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t dU_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dU_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dU_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dU_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dU_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dU_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t dV_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dV_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dV_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dV_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dV_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dV_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t e = 0; e < dff; ++e) {
+                        acc_0_0 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                        acc_0_1 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_0_2 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_0_3 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_0_4 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_0_5 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_0_6 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_0_7 += dU[dU_row0 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row0 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_1_0 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                        acc_1_1 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_1_2 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_1_3 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_1_4 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_1_5 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_1_6 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_1_7 += dU[dU_row1 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row1 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_2_0 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                        acc_2_1 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_2_2 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_2_3 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_2_4 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_2_5 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_2_6 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_2_7 += dU[dU_row2 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row2 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_3_0 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                        acc_3_1 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_3_2 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_3_3 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_3_4 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_3_5 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_3_6 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_3_7 += dU[dU_row3 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row3 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_4_0 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                        acc_4_1 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_4_2 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_4_3 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_4_4 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_4_5 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_4_6 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_4_7 += dU[dU_row4 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row4 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_5_0 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e];
+                        acc_5_1 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_5_2 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_5_3 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_5_4 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_5_5 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_5_6 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_5_7 += dU[dU_row5 + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dV_row5 + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    }
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* dX.edge: writes dX; scratch dU, WgT, dV, WuT
      * for b, i (parallel) / c / e (simd)
      */
@@ -2974,7 +2059,170 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    mlp_bwd_tiled_f32_dWg(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+    /* dWg: writes dWg; scratch XT, dU_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
+            float acc_0_0 = 0.0f;
+            float acc_0_1 = 0.0f;
+            float acc_0_2 = 0.0f;
+            float acc_0_3 = 0.0f;
+            float acc_0_4 = 0.0f;
+            float acc_0_5 = 0.0f;
+            float acc_0_6 = 0.0f;
+            float acc_0_7 = 0.0f;
+            float acc_1_0 = 0.0f;
+            float acc_1_1 = 0.0f;
+            float acc_1_2 = 0.0f;
+            float acc_1_3 = 0.0f;
+            float acc_1_4 = 0.0f;
+            float acc_1_5 = 0.0f;
+            float acc_1_6 = 0.0f;
+            float acc_1_7 = 0.0f;
+            float acc_2_0 = 0.0f;
+            float acc_2_1 = 0.0f;
+            float acc_2_2 = 0.0f;
+            float acc_2_3 = 0.0f;
+            float acc_2_4 = 0.0f;
+            float acc_2_5 = 0.0f;
+            float acc_2_6 = 0.0f;
+            float acc_2_7 = 0.0f;
+            float acc_3_0 = 0.0f;
+            float acc_3_1 = 0.0f;
+            float acc_3_2 = 0.0f;
+            float acc_3_3 = 0.0f;
+            float acc_3_4 = 0.0f;
+            float acc_3_5 = 0.0f;
+            float acc_3_6 = 0.0f;
+            float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
+            #pragma omp simd if(simd: 0)
+            for (int64_t b = 0; b < batch; ++b) {
+                const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
+                #pragma omp simd if(simd: 0)
+                for (int64_t i = 0; i < n; ++i) {
+                    acc_0_0 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += XT[XT_row0 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += XT[XT_row1 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += XT[XT_row2 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += XT[XT_row3 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += XT[XT_row4 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += XT[XT_row5 + i] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                }
+            }
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
+        }
+    }
     /* dWg.edge: writes dWg; scratch XT, dU
      * for c (parallel) / e / b / i (simd)
      */
@@ -3009,7 +2257,170 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    mlp_bwd_tiled_f32_dWu(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+    /* dWu: writes dWu; scratch XT, dV_panel
+     * for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
+            float acc_0_0 = 0.0f;
+            float acc_0_1 = 0.0f;
+            float acc_0_2 = 0.0f;
+            float acc_0_3 = 0.0f;
+            float acc_0_4 = 0.0f;
+            float acc_0_5 = 0.0f;
+            float acc_0_6 = 0.0f;
+            float acc_0_7 = 0.0f;
+            float acc_1_0 = 0.0f;
+            float acc_1_1 = 0.0f;
+            float acc_1_2 = 0.0f;
+            float acc_1_3 = 0.0f;
+            float acc_1_4 = 0.0f;
+            float acc_1_5 = 0.0f;
+            float acc_1_6 = 0.0f;
+            float acc_1_7 = 0.0f;
+            float acc_2_0 = 0.0f;
+            float acc_2_1 = 0.0f;
+            float acc_2_2 = 0.0f;
+            float acc_2_3 = 0.0f;
+            float acc_2_4 = 0.0f;
+            float acc_2_5 = 0.0f;
+            float acc_2_6 = 0.0f;
+            float acc_2_7 = 0.0f;
+            float acc_3_0 = 0.0f;
+            float acc_3_1 = 0.0f;
+            float acc_3_2 = 0.0f;
+            float acc_3_3 = 0.0f;
+            float acc_3_4 = 0.0f;
+            float acc_3_5 = 0.0f;
+            float acc_3_6 = 0.0f;
+            float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
+            #pragma omp simd if(simd: 0)
+            for (int64_t b = 0; b < batch; ++b) {
+                const int64_t XT_row0 = n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1));
+                const int64_t XT_row1 = n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1));
+                const int64_t XT_row2 = n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2));
+                const int64_t XT_row3 = n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3));
+                const int64_t XT_row4 = n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4));
+                const int64_t XT_row5 = n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5));
+                #pragma omp simd if(simd: 0)
+                for (int64_t i = 0; i < n; ++i) {
+                    acc_0_0 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += XT[XT_row0 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += XT[XT_row1 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += XT[XT_row2 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += XT[XT_row3 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += XT[XT_row4 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += XT[XT_row5 + i] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                }
+            }
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
+        }
+    }
     /* dWu.edge: writes dWu; scratch XT, dV
      * for c (parallel) / e / b / i (simd)
      */
@@ -3056,7 +2467,170 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    mlp_bwd_tiled_f32_dWd(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, XT, HT, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+    /* dWd: writes dWd; scratch HT, dF_panel
+     * for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
+            float acc_0_0 = 0.0f;
+            float acc_0_1 = 0.0f;
+            float acc_0_2 = 0.0f;
+            float acc_0_3 = 0.0f;
+            float acc_0_4 = 0.0f;
+            float acc_0_5 = 0.0f;
+            float acc_0_6 = 0.0f;
+            float acc_0_7 = 0.0f;
+            float acc_1_0 = 0.0f;
+            float acc_1_1 = 0.0f;
+            float acc_1_2 = 0.0f;
+            float acc_1_3 = 0.0f;
+            float acc_1_4 = 0.0f;
+            float acc_1_5 = 0.0f;
+            float acc_1_6 = 0.0f;
+            float acc_1_7 = 0.0f;
+            float acc_2_0 = 0.0f;
+            float acc_2_1 = 0.0f;
+            float acc_2_2 = 0.0f;
+            float acc_2_3 = 0.0f;
+            float acc_2_4 = 0.0f;
+            float acc_2_5 = 0.0f;
+            float acc_2_6 = 0.0f;
+            float acc_2_7 = 0.0f;
+            float acc_3_0 = 0.0f;
+            float acc_3_1 = 0.0f;
+            float acc_3_2 = 0.0f;
+            float acc_3_3 = 0.0f;
+            float acc_3_4 = 0.0f;
+            float acc_3_5 = 0.0f;
+            float acc_3_6 = 0.0f;
+            float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
+            #pragma omp simd if(simd: 0)
+            for (int64_t b = 0; b < batch; ++b) {
+                const int64_t HT_row0 = n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1));
+                const int64_t HT_row1 = n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1));
+                const int64_t HT_row2 = n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2));
+                const int64_t HT_row3 = n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3));
+                const int64_t HT_row4 = n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4));
+                const int64_t HT_row5 = n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5));
+                #pragma omp simd if(simd: 0)
+                for (int64_t i = 0; i < n; ++i) {
+                    acc_0_0 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_0_1 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_0_2 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_0_3 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_0_4 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_0_5 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_0_6 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_0_7 += HT[HT_row0 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_1_0 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_1_1 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_1_2 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_1_3 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_1_4 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_1_5 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_1_6 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_1_7 += HT[HT_row1 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_2_0 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_2_1 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_2_2 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_2_3 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_2_4 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_2_5 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_2_6 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_2_7 += HT[HT_row2 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_3_0 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_3_1 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_3_2 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_3_3 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_3_4 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_3_5 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_3_6 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_3_7 += HT[HT_row3 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_4_0 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_4_1 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_4_2 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_4_3 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_4_4 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_4_5 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_4_6 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_4_7 += HT[HT_row4 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_5_0 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_5_1 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_5_2 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_5_3 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_5_4 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_5_5 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_5_6 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_5_7 += HT[HT_row5 + i] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                }
+            }
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
+        }
+    }
     /* dWd.edge: writes dWd; reads dF; scratch HT
      * for e (parallel) / c / b / i (simd)
      */

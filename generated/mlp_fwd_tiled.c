@@ -20,8 +20,7 @@ double exp(double) __attribute__((__simd__("notinbranch")));
 float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
 
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_fwd_tiled_f64_U(
+void mlp_fwd_tiled_f64(
     const double *restrict X,
     const double *restrict Wg,
     const double *restrict Wu,
@@ -38,6 +37,19 @@ static void mlp_fwd_tiled_f64_U(
     int64_t dff
 )
 {
+    /* U.pack_Wg: reads Wg; scratch Wg_panel
+     * for e_tile (parallel) / c / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            const int64_t Wg_panel_row = 8*c + 8*dm*e_tile;
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                Wg_panel[Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
     /* U: writes U; reads X; scratch Wg_panel
      * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
      */
@@ -100,6 +112,7 @@ static void mlp_fwd_tiled_f64_U(
                     double acc_5_5 = 0.0;
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t c = 0; c < dm; ++c) {
                         acc_0_0 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile];
                         acc_0_1 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
@@ -202,26 +215,35 @@ static void mlp_fwd_tiled_f64_U(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_fwd_tiled_f64_H(
-    const double *restrict X,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    double *restrict F,
-    double *restrict U,
-    double *restrict H,
-    double *restrict Wg_panel,
-    double *restrict Wu_panel,
-    double *restrict Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
+    /* U.edge: writes U; reads X, Wg
+     * for b, i (parallel) / e / c (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                double xg = 0.0;
+                #pragma omp simd reduction(+:xg)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xg += X[c + dm*(b*n + i)] * Wg[c*dff + e];
+                }
+                U[dff*(b*n + i) + e] = xg;
+            }
+        }
+    }
+    /* H.pack_Wu: reads Wu; scratch Wu_panel
+     * for e_tile (parallel) / c / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            const int64_t Wu_panel_row = 8*c + 8*dm*e_tile;
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                Wu_panel[Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
     /* H: reads X; scratch H, Wu_panel
      * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
      */
@@ -284,6 +306,7 @@ static void mlp_fwd_tiled_f64_H(
                     double acc_5_5 = 0.0;
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t c = 0; c < dm; ++c) {
                         acc_0_0 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile];
                         acc_0_1 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
@@ -386,253 +409,6 @@ static void mlp_fwd_tiled_f64_H(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_fwd_tiled_f64_F(
-    const double *restrict X,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    double *restrict F,
-    double *restrict U,
-    double *restrict H,
-    double *restrict Wg_panel,
-    double *restrict Wu_panel,
-    double *restrict Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    /* F: writes F; scratch H, Wd_panel
-     * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
-                    for (int64_t e = 0; e < dff; ++e) {
-                        acc_0_0 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e];
-                        acc_0_1 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                        acc_0_2 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                        acc_0_3 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                        acc_0_4 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                        acc_0_5 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                        acc_0_6 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                        acc_0_7 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                        acc_1_0 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e];
-                        acc_1_1 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                        acc_1_2 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                        acc_1_3 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                        acc_1_4 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                        acc_1_5 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                        acc_1_6 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                        acc_1_7 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                        acc_2_0 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e];
-                        acc_2_1 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                        acc_2_2 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                        acc_2_3 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                        acc_2_4 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                        acc_2_5 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                        acc_2_6 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                        acc_2_7 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                        acc_3_0 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e];
-                        acc_3_1 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                        acc_3_2 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                        acc_3_3 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                        acc_3_4 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                        acc_3_5 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                        acc_3_6 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                        acc_3_7 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                        acc_4_0 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e];
-                        acc_4_1 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                        acc_4_2 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                        acc_4_3 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                        acc_4_4 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                        acc_4_5 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                        acc_4_6 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                        acc_4_7 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                        acc_5_0 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e];
-                        acc_5_1 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
-                        acc_5_2 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
-                        acc_5_3 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
-                        acc_5_4 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
-                        acc_5_5 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
-                        acc_5_6 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
-                        acc_5_7 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
-                    }
-                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-void mlp_fwd_tiled_f64(
-    const double *restrict X,
-    const double *restrict Wg,
-    const double *restrict Wu,
-    const double *restrict Wd,
-    double *restrict F,
-    double *restrict U,
-    double *restrict H,
-    double *restrict Wg_panel,
-    double *restrict Wu_panel,
-    double *restrict Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    /* U.pack_Wg: reads Wg; scratch Wg_panel
-     * for e_tile (parallel) / c / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            const int64_t Wg_panel_row = 8*c + 8*dm*e_tile;
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                Wg_panel[Wg_panel_row + lane] = Wg[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
-    mlp_fwd_tiled_f64_U(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-    /* U.edge: writes U; reads X, Wg
-     * for b, i (parallel) / e / c (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double xg = 0.0;
-                #pragma omp simd reduction(+:xg)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xg += X[c + dm*(b*n + i)] * Wg[c*dff + e];
-                }
-                U[dff*(b*n + i) + e] = xg;
-            }
-        }
-    }
-    /* H.pack_Wu: reads Wu; scratch Wu_panel
-     * for e_tile (parallel) / c / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            const int64_t Wu_panel_row = 8*c + 8*dm*e_tile;
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                Wu_panel[Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
-    mlp_fwd_tiled_f64_H(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
     /* H.pointwise: reads U; scratch H
      * for b, i (parallel) / e (simd)
      */
@@ -675,411 +451,6 @@ void mlp_fwd_tiled_f64(
             }
         }
     }
-    mlp_fwd_tiled_f64_F(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
-    /* F.edge: writes F; reads Wd; scratch H
-     * for b, i (parallel) / c / e (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-                double hw = 0.0;
-                #pragma omp simd reduction(+:hw)
-                for (int64_t e = 0; e < dff; ++e) {
-                    hw += H[dff*(b*n + i) + e] * Wd[c + dm*e];
-                }
-                F[c + dm*(b*n + i)] = hw;
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_fwd_tiled_f32_U(
-    const float *restrict X,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    float *restrict F,
-    float *restrict U,
-    float *restrict H,
-    float *restrict Wg_panel,
-    float *restrict Wu_panel,
-    float *restrict Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    /* U: writes U; reads X; scratch Wg_panel
-     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t c = 0; c < dm; ++c) {
-                        acc_0_0 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile];
-                        acc_0_1 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                        acc_0_2 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                        acc_0_3 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                        acc_0_4 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                        acc_0_5 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                        acc_0_6 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                        acc_0_7 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                        acc_1_0 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile];
-                        acc_1_1 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                        acc_1_2 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                        acc_1_3 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                        acc_1_4 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                        acc_1_5 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                        acc_1_6 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                        acc_1_7 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                        acc_2_0 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile];
-                        acc_2_1 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                        acc_2_2 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                        acc_2_3 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                        acc_2_4 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                        acc_2_5 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                        acc_2_6 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                        acc_2_7 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                        acc_3_0 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile];
-                        acc_3_1 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                        acc_3_2 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                        acc_3_3 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                        acc_3_4 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                        acc_3_5 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                        acc_3_6 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                        acc_3_7 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                        acc_4_0 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile];
-                        acc_4_1 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                        acc_4_2 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                        acc_4_3 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                        acc_4_4 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                        acc_4_5 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                        acc_4_6 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                        acc_4_7 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                        acc_5_0 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile];
-                        acc_5_1 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
-                        acc_5_2 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
-                        acc_5_3 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
-                        acc_5_4 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
-                        acc_5_5 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
-                        acc_5_6 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
-                        acc_5_7 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
-                    }
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_fwd_tiled_f32_H(
-    const float *restrict X,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    float *restrict F,
-    float *restrict U,
-    float *restrict H,
-    float *restrict Wg_panel,
-    float *restrict Wu_panel,
-    float *restrict Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
-    /* H: reads X; scratch H, Wu_panel
-     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t c = 0; c < dm; ++c) {
-                        acc_0_0 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile];
-                        acc_0_1 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_0_2 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_0_3 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_0_4 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_0_5 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_0_6 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_0_7 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_1_0 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile];
-                        acc_1_1 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_1_2 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_1_3 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_1_4 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_1_5 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_1_6 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_1_7 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_2_0 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile];
-                        acc_2_1 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_2_2 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_2_3 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_2_4 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_2_5 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_2_6 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_2_7 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_3_0 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile];
-                        acc_3_1 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_3_2 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_3_3 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_3_4 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_3_5 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_3_6 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_3_7 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_4_0 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile];
-                        acc_4_1 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_4_2 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_4_3 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_4_4 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_4_5 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_4_6 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_4_7 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_5_0 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile];
-                        acc_5_1 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_5_2 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_5_3 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_5_4 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_5_5 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_5_6 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_5_7 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
-                    }
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void mlp_fwd_tiled_f32_F(
-    const float *restrict X,
-    const float *restrict Wg,
-    const float *restrict Wu,
-    const float *restrict Wd,
-    float *restrict F,
-    float *restrict U,
-    float *restrict H,
-    float *restrict Wg_panel,
-    float *restrict Wu_panel,
-    float *restrict Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t dff
-)
-{
     /* F: writes F; scratch H, Wd_panel
      * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
      */
@@ -1094,54 +465,55 @@ static void mlp_fwd_tiled_f32_F(
                     const int64_t H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
                     const int64_t H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
                     const int64_t H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t e = 0; e < dff; ++e) {
                         acc_0_0 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e];
                         acc_0_1 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
@@ -1244,6 +616,22 @@ static void mlp_fwd_tiled_f32_F(
             }
         }
     }
+    /* F.edge: writes F; reads Wd; scratch H
+     * for b, i (parallel) / c / e (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+                double hw = 0.0;
+                #pragma omp simd reduction(+:hw)
+                for (int64_t e = 0; e < dff; ++e) {
+                    hw += H[dff*(b*n + i) + e] * Wd[c + dm*e];
+                }
+                F[c + dm*(b*n + i)] = hw;
+            }
+        }
+    }
 }
 
 void mlp_fwd_tiled_f32(
@@ -1276,7 +664,171 @@ void mlp_fwd_tiled_f32(
             }
         }
     }
-    mlp_fwd_tiled_f32_U(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+    /* U: writes U; reads X; scratch Wg_panel
+     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += X[X_row0 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += X[X_row1 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += X[X_row2 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += X[X_row3 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += X[X_row4 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += X[X_row5 + c] * Wg_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* U.edge: writes U; reads X, Wg
      * for b, i (parallel) / e / c (simd)
      */
@@ -1306,7 +858,171 @@ void mlp_fwd_tiled_f32(
             }
         }
     }
-    mlp_fwd_tiled_f32_H(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+    /* H: reads X; scratch H, Wu_panel
+     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += X[X_row0 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += X[X_row1 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += X[X_row2 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += X[X_row3 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += X[X_row4 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += X[X_row5 + c] * Wu_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* H.pointwise: reads U; scratch H
      * for b, i (parallel) / e (simd)
      */
@@ -1349,7 +1065,171 @@ void mlp_fwd_tiled_f32(
             }
         }
     }
-    mlp_fwd_tiled_f32_F(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+    /* F: writes F; scratch H, Wd_panel
+     * for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    const int64_t H_row0 = dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t H_row1 = dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t H_row2 = dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t H_row3 = dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t H_row4 = dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t H_row5 = dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t e = 0; e < dff; ++e) {
+                        acc_0_0 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                        acc_0_1 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                        acc_0_2 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                        acc_0_3 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                        acc_0_4 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                        acc_0_5 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                        acc_0_6 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                        acc_0_7 += H[H_row0 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                        acc_1_0 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                        acc_1_1 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                        acc_1_2 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                        acc_1_3 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                        acc_1_4 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                        acc_1_5 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                        acc_1_6 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                        acc_1_7 += H[H_row1 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                        acc_2_0 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                        acc_2_1 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                        acc_2_2 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                        acc_2_3 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                        acc_2_4 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                        acc_2_5 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                        acc_2_6 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                        acc_2_7 += H[H_row2 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                        acc_3_0 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                        acc_3_1 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                        acc_3_2 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                        acc_3_3 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                        acc_3_4 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                        acc_3_5 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                        acc_3_6 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                        acc_3_7 += H[H_row3 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                        acc_4_0 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                        acc_4_1 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                        acc_4_2 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                        acc_4_3 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                        acc_4_4 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                        acc_4_5 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                        acc_4_6 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                        acc_4_7 += H[H_row4 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                        acc_5_0 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e];
+                        acc_5_1 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 1];
+                        acc_5_2 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 2];
+                        acc_5_3 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 3];
+                        acc_5_4 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 4];
+                        acc_5_5 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 5];
+                        acc_5_6 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 6];
+                        acc_5_7 += H[H_row5 + e] * Wd_panel[8*c_tile*dff + 8*e + 7];
+                    }
+                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    F[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    F[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* F.edge: writes F; reads Wd; scratch H
      * for b, i (parallel) / c / e (simd)
      */

@@ -13,8 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void out_proj_bwd_tiled_f64_dO(
+void out_proj_bwd_tiled_f64(
     const double *restrict O,
     const double *restrict Wo,
     const double *restrict dY,
@@ -30,6 +29,34 @@ static void out_proj_bwd_tiled_f64_dO(
     int64_t dm
 )
 {
+    /* WoT: reads Wo; scratch WoT
+     * for h (parallel) / m / c (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m = 0; m < dm; ++m) {
+            #pragma omp simd
+            for (int64_t c = 0; c < dh; ++c) {
+                WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
+            }
+        }
+    }
+    /* dO.pack_WoT: scratch WoT_panel, WoT
+     * for h (parallel) / c_tile / m / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                const int64_t WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t WoT_row = 8*c_tile + dh*(dm*h + m);
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    WoT_panel[WoT_panel_row + lane] = WoT[WoT_row + lane];
+                }
+            }
+        }
+    }
     /* dO: writes dO; reads dY; scratch WoT_panel
      * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
@@ -92,6 +119,7 @@ static void out_proj_bwd_tiled_f64_dO(
                     double acc_5_5 = 0.0;
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t m = 0; m < dm; ++m) {
                         acc_0_0 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
                         acc_0_1 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
@@ -194,25 +222,41 @@ static void out_proj_bwd_tiled_f64_dO(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void out_proj_bwd_tiled_f64_dWo(
-    const double *restrict O,
-    const double *restrict Wo,
-    const double *restrict dY,
-    double *restrict dO,
-    double *restrict dWo,
-    double *restrict WoT,
-    double *restrict WoT_panel,
-    double *restrict dY_panel,
-    int64_t batch,
-    int64_t heads,
-    int64_t n,
-    int64_t dh,
-    int64_t dm
-)
-{
+    /* dO.edge: writes dO; reads dY; scratch WoT
+     * for b, h, i (parallel) / c / m (simd)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t dO_row = dh*(i + n*(b*heads + h));
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    double yw = 0.0;
+                    #pragma omp simd reduction(+:yw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
+                    }
+                    dO[dO_row + c] = yw;
+                }
+            }
+        }
+    }
+    /* dWo.pack_dY: reads dY; scratch dY_panel
+     * for m_tile (parallel) / b / i / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
+                const int64_t dY_row = dm*(b*n + i) + 8*m_tile;
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    dY_panel[dY_panel_row + lane] = dY[dY_row + lane];
+                }
+            }
+        }
+    }
     /* dWo: writes dWo; reads O; scratch dY_panel
      * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
@@ -268,7 +312,9 @@ static void out_proj_bwd_tiled_f64_dWo(
                 double acc_5_5 = 0.0;
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
+                #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
                         acc_0_0 += O[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * dY_panel[8*i + 8*n*(b + batch*m_tile)];
                         acc_0_1 += O[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
@@ -371,17 +417,37 @@ static void out_proj_bwd_tiled_f64_dWo(
             }
         }
     }
+    /* dWo.edge: writes dWo; reads O, dY
+     * for h, c (parallel) / m / b / i (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c = 0; c < dh; ++c) {
+            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+                double batches = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    double oy = 0.0;
+                    #pragma omp simd reduction(+:oy)
+                    for (int64_t i = 0; i < n; ++i) {
+                        oy += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
+                    }
+                    batches += oy;
+                }
+                dWo[dm*(c + dh*h) + m] = batches;
+            }
+        }
+    }
 }
 
-void out_proj_bwd_tiled_f64(
-    const double *restrict O,
-    const double *restrict Wo,
-    const double *restrict dY,
-    double *restrict dO,
-    double *restrict dWo,
-    double *restrict WoT,
-    double *restrict WoT_panel,
-    double *restrict dY_panel,
+void out_proj_bwd_tiled_f32(
+    const float *restrict O,
+    const float *restrict Wo,
+    const float *restrict dY,
+    float *restrict dO,
+    float *restrict dWo,
+    float *restrict WoT,
+    float *restrict WoT_panel,
+    float *restrict dY_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -417,82 +483,6 @@ void out_proj_bwd_tiled_f64(
             }
         }
     }
-    out_proj_bwd_tiled_f64_dO(O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-    /* dO.edge: writes dO; reads dY; scratch WoT
-     * for b, h, i (parallel) / c / m (simd)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                const int64_t dO_row = dh*(i + n*(b*heads + h));
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double yw = 0.0;
-                    #pragma omp simd reduction(+:yw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
-                    }
-                    dO[dO_row + c] = yw;
-                }
-            }
-        }
-    }
-    /* dWo.pack_dY: reads dY; scratch dY_panel
-     * for m_tile (parallel) / b / i / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                const int64_t dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
-                const int64_t dY_row = dm*(b*n + i) + 8*m_tile;
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    dY_panel[dY_panel_row + lane] = dY[dY_row + lane];
-                }
-            }
-        }
-    }
-    out_proj_bwd_tiled_f64_dWo(O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-    /* dWo.edge: writes dWo; reads O, dY
-     * for h, c (parallel) / m / b / i (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c = 0; c < dh; ++c) {
-            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                double batches = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    double oy = 0.0;
-                    #pragma omp simd reduction(+:oy)
-                    for (int64_t i = 0; i < n; ++i) {
-                        oy += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
-                    }
-                    batches += oy;
-                }
-                dWo[dm*(c + dh*h) + m] = batches;
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void out_proj_bwd_tiled_f32_dO(
-    const float *restrict O,
-    const float *restrict Wo,
-    const float *restrict dY,
-    float *restrict dO,
-    float *restrict dWo,
-    float *restrict WoT,
-    float *restrict WoT_panel,
-    float *restrict dY_panel,
-    int64_t batch,
-    int64_t heads,
-    int64_t n,
-    int64_t dh,
-    int64_t dm
-)
-{
     /* dO: writes dO; reads dY; scratch WoT_panel
      * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
@@ -555,6 +545,7 @@ static void out_proj_bwd_tiled_f32_dO(
                     float acc_5_5 = 0.0f;
                     float acc_5_6 = 0.0f;
                     float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t m = 0; m < dm; ++m) {
                         acc_0_0 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
                         acc_0_1 += dY[dY_row0 + m] * WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
@@ -657,25 +648,41 @@ static void out_proj_bwd_tiled_f32_dO(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void out_proj_bwd_tiled_f32_dWo(
-    const float *restrict O,
-    const float *restrict Wo,
-    const float *restrict dY,
-    float *restrict dO,
-    float *restrict dWo,
-    float *restrict WoT,
-    float *restrict WoT_panel,
-    float *restrict dY_panel,
-    int64_t batch,
-    int64_t heads,
-    int64_t n,
-    int64_t dh,
-    int64_t dm
-)
-{
+    /* dO.edge: writes dO; reads dY; scratch WoT
+     * for b, h, i (parallel) / c / m (simd)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t dO_row = dh*(i + n*(b*heads + h));
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    float yw = 0.0f;
+                    #pragma omp simd reduction(+:yw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
+                    }
+                    dO[dO_row + c] = yw;
+                }
+            }
+        }
+    }
+    /* dWo.pack_dY: reads dY; scratch dY_panel
+     * for m_tile (parallel) / b / i / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
+                const int64_t dY_row = dm*(b*n + i) + 8*m_tile;
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    dY_panel[dY_panel_row + lane] = dY[dY_row + lane];
+                }
+            }
+        }
+    }
     /* dWo: writes dWo; reads O; scratch dY_panel
      * for h, m_tile (parallel) / c_tile / b (register tile) / i (register tile)
      */
@@ -731,7 +738,9 @@ static void out_proj_bwd_tiled_f32_dWo(
                 float acc_5_5 = 0.0f;
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
+                #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
                         acc_0_0 += O[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * dY_panel[8*i + 8*n*(b + batch*m_tile)];
                         acc_0_1 += O[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
@@ -834,89 +843,6 @@ static void out_proj_bwd_tiled_f32_dWo(
             }
         }
     }
-}
-
-void out_proj_bwd_tiled_f32(
-    const float *restrict O,
-    const float *restrict Wo,
-    const float *restrict dY,
-    float *restrict dO,
-    float *restrict dWo,
-    float *restrict WoT,
-    float *restrict WoT_panel,
-    float *restrict dY_panel,
-    int64_t batch,
-    int64_t heads,
-    int64_t n,
-    int64_t dh,
-    int64_t dm
-)
-{
-    /* WoT: reads Wo; scratch WoT
-     * for h (parallel) / m / c (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m = 0; m < dm; ++m) {
-            #pragma omp simd
-            for (int64_t c = 0; c < dh; ++c) {
-                WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
-            }
-        }
-    }
-    /* dO.pack_WoT: scratch WoT_panel, WoT
-     * for h (parallel) / c_tile / m / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                const int64_t WoT_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-                const int64_t WoT_row = 8*c_tile + dh*(dm*h + m);
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    WoT_panel[WoT_panel_row + lane] = WoT[WoT_row + lane];
-                }
-            }
-        }
-    }
-    out_proj_bwd_tiled_f32_dO(O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
-    /* dO.edge: writes dO; reads dY; scratch WoT
-     * for b, h, i (parallel) / c / m (simd)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                const int64_t dO_row = dh*(i + n*(b*heads + h));
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    float yw = 0.0f;
-                    #pragma omp simd reduction(+:yw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
-                    }
-                    dO[dO_row + c] = yw;
-                }
-            }
-        }
-    }
-    /* dWo.pack_dY: reads dY; scratch dY_panel
-     * for m_tile (parallel) / b / i / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                const int64_t dY_panel_row = 8*i + 8*n*(b + batch*m_tile);
-                const int64_t dY_row = dm*(b*n + i) + 8*m_tile;
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    dY_panel[dY_panel_row + lane] = dY[dY_row + lane];
-                }
-            }
-        }
-    }
-    out_proj_bwd_tiled_f32_dWo(O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
     /* dWo.edge: writes dWo; reads O, dY
      * for h, c (parallel) / m / b / i (simd)
      */

@@ -12,8 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void out_proj_tiled_f64_Y(
+void out_proj_tiled_f64(
     const double *restrict O,
     const double *restrict Wo,
     const double *restrict R,
@@ -26,6 +25,22 @@ static void out_proj_tiled_f64_Y(
     int64_t dm
 )
 {
+    /* Y.pack_Wo: reads Wo; scratch Wo_panel
+     * for m_tile (parallel) / h / c / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c = 0; c < dh; ++c) {
+                const int64_t Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    Wo_panel[Wo_panel_row + lane] = Wo[Wo_row + lane];
+                }
+            }
+        }
+    }
     /* Y: writes Y; reads O; scratch Wo_panel
      * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
      */
@@ -81,6 +96,7 @@ static void out_proj_tiled_f64_Y(
                 double acc_5_5 = 0.0;
                 double acc_5_6 = 0.0;
                 double acc_5_7 = 0.0;
+                #pragma omp simd if(simd: 0)
                 for (int64_t h = 0; h < heads; ++h) {
                     const int64_t O_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
                     const int64_t O_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
@@ -88,6 +104,7 @@ static void out_proj_tiled_f64_Y(
                     const int64_t O_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
                     const int64_t O_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
                     const int64_t O_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    #pragma omp simd if(simd: 0)
                     for (int64_t c = 0; c < dh; ++c) {
                         acc_0_0 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
                         acc_0_1 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
@@ -190,38 +207,6 @@ static void out_proj_tiled_f64_Y(
             }
         }
     }
-}
-
-void out_proj_tiled_f64(
-    const double *restrict O,
-    const double *restrict Wo,
-    const double *restrict R,
-    double *restrict Y,
-    double *restrict Wo_panel,
-    int64_t batch,
-    int64_t heads,
-    int64_t n,
-    int64_t dh,
-    int64_t dm
-)
-{
-    /* Y.pack_Wo: reads Wo; scratch Wo_panel
-     * for m_tile (parallel) / h / c / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c = 0; c < dh; ++c) {
-                const int64_t Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
-                const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    Wo_panel[Wo_panel_row + lane] = Wo[Wo_row + lane];
-                }
-            }
-        }
-    }
-    out_proj_tiled_f64_Y(O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
     /* Y.pointwise: writes Y; reads R
      * for b, i (parallel) / m (simd)
      */
@@ -258,8 +243,7 @@ void out_proj_tiled_f64(
     }
 }
 
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void out_proj_tiled_f32_Y(
+void out_proj_tiled_f32(
     const float *restrict O,
     const float *restrict Wo,
     const float *restrict R,
@@ -272,6 +256,22 @@ static void out_proj_tiled_f32_Y(
     int64_t dm
 )
 {
+    /* Y.pack_Wo: reads Wo; scratch Wo_panel
+     * for m_tile (parallel) / h / c / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c = 0; c < dh; ++c) {
+                const int64_t Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
+                const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    Wo_panel[Wo_panel_row + lane] = Wo[Wo_row + lane];
+                }
+            }
+        }
+    }
     /* Y: writes Y; reads O; scratch Wo_panel
      * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
      */
@@ -327,6 +327,7 @@ static void out_proj_tiled_f32_Y(
                 float acc_5_5 = 0.0f;
                 float acc_5_6 = 0.0f;
                 float acc_5_7 = 0.0f;
+                #pragma omp simd if(simd: 0)
                 for (int64_t h = 0; h < heads; ++h) {
                     const int64_t O_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
                     const int64_t O_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
@@ -334,6 +335,7 @@ static void out_proj_tiled_f32_Y(
                     const int64_t O_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
                     const int64_t O_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
                     const int64_t O_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    #pragma omp simd if(simd: 0)
                     for (int64_t c = 0; c < dh; ++c) {
                         acc_0_0 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
                         acc_0_1 += O[O_row0 + c] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
@@ -436,38 +438,6 @@ static void out_proj_tiled_f32_Y(
             }
         }
     }
-}
-
-void out_proj_tiled_f32(
-    const float *restrict O,
-    const float *restrict Wo,
-    const float *restrict R,
-    float *restrict Y,
-    float *restrict Wo_panel,
-    int64_t batch,
-    int64_t heads,
-    int64_t n,
-    int64_t dh,
-    int64_t dm
-)
-{
-    /* Y.pack_Wo: reads Wo; scratch Wo_panel
-     * for m_tile (parallel) / h / c / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c = 0; c < dh; ++c) {
-                const int64_t Wo_panel_row = 8*c + 8*dh*(h + heads*m_tile);
-                const int64_t Wo_row = dm*(c + dh*h) + 8*m_tile;
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    Wo_panel[Wo_panel_row + lane] = Wo[Wo_row + lane];
-                }
-            }
-        }
-    }
-    out_proj_tiled_f32_Y(O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
     /* Y.pointwise: writes Y; reads R
      * for b, i (parallel) / m (simd)
      */

@@ -19,780 +19,6 @@
 #include <math.h>
 #include <stdint.h>
 
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_bwd_tiled_f64_dX(
-    const double *restrict X,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict dQ,
-    const double *restrict dK,
-    const double *restrict dV,
-    double *restrict dX,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict WqT,
-    double *restrict WkT,
-    double *restrict WvT,
-    double *restrict WqT_panel,
-    double *restrict WkT_panel,
-    double *restrict WvT_panel,
-    double *restrict dQ_panel,
-    double *restrict dK_panel,
-    double *restrict dV_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
-    /* dX: writes dX; reads dQ, dK, dV; scratch WqT_panel, WkT_panel, WvT_panel
-     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t h = 0; h < heads; ++h) {
-                    const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                    }
-                }
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_bwd_tiled_f64_dWq(
-    const double *restrict X,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict dQ,
-    const double *restrict dK,
-    const double *restrict dV,
-    double *restrict dX,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict WqT,
-    double *restrict WkT,
-    double *restrict WvT,
-    double *restrict WqT_panel,
-    double *restrict WkT_panel,
-    double *restrict WvT_panel,
-    double *restrict dQ_panel,
-    double *restrict dK_panel,
-    double *restrict dV_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
-    /* dWq: writes dWq; reads X; scratch dQ_panel
-     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_bwd_tiled_f64_dWk(
-    const double *restrict X,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict dQ,
-    const double *restrict dK,
-    const double *restrict dV,
-    double *restrict dX,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict WqT,
-    double *restrict WkT,
-    double *restrict WvT,
-    double *restrict WqT_panel,
-    double *restrict WkT_panel,
-    double *restrict WvT_panel,
-    double *restrict dQ_panel,
-    double *restrict dK_panel,
-    double *restrict dV_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
-    /* dWk: writes dWk; reads X; scratch dK_panel
-     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_bwd_tiled_f64_dWv(
-    const double *restrict X,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    const double *restrict dQ,
-    const double *restrict dK,
-    const double *restrict dV,
-    double *restrict dX,
-    double *restrict dWq,
-    double *restrict dWk,
-    double *restrict dWv,
-    double *restrict WqT,
-    double *restrict WkT,
-    double *restrict WvT,
-    double *restrict WqT_panel,
-    double *restrict WkT_panel,
-    double *restrict WvT_panel,
-    double *restrict dQ_panel,
-    double *restrict dK_panel,
-    double *restrict dV_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
-    /* dWv: writes dWv; reads X; scratch dV_panel
-     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
-}
-
 void qkv_proj_bwd_tiled_f64(
     const double *restrict X,
     const double *restrict Wq,
@@ -905,178 +131,6 @@ void qkv_proj_bwd_tiled_f64(
             }
         }
     }
-    qkv_proj_bwd_tiled_f64_dX(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
-    /* dX.edge: writes dX; reads dQ, dK, dV; scratch WqT, WkT, WvT
-     * for b, i (parallel) / m / h / c (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                double heads_sum = 0.0;
-                for (int64_t h = 0; h < heads; ++h) {
-                    const int64_t dQ_row = dh*(i + n*(b*heads + h));
-                    const int64_t dK_row = dh*(i + n*(b*heads + h));
-                    const int64_t dV_row = dh*(i + n*(b*heads + h));
-                    double gw = 0.0;
-                    #pragma omp simd reduction(+:gw)
-                    for (int64_t c = 0; c < dh; ++c) {
-                        gw += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
-                    }
-                    heads_sum += gw;
-                }
-                dX[dm*(b*n + i) + m] = heads_sum;
-            }
-        }
-    }
-    /* dWq.pack_dQ: reads dQ; scratch dQ_panel
-     * for h (parallel) / c_tile / b / i / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t b = 0; b < batch; ++b) {
-                for (int64_t i = 0; i < n; ++i) {
-                    const int64_t dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
-                    const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
-                    #pragma omp simd
-                    for (int64_t lane = 0; lane < 8; ++lane) {
-                        dQ_panel[dQ_panel_row + lane] = dQ[dQ_row + lane];
-                    }
-                }
-            }
-        }
-    }
-    qkv_proj_bwd_tiled_f64_dWq(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
-    /* dWq.edge: writes dWq; reads X, dQ
-     * for h, m (parallel) / c / b / i (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m = 0; m < dm; ++m) {
-            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
-                    for (int64_t i = 0; i < n; ++i) {
-                        xg += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
-                    }
-                    batches += xg;
-                }
-                dWq[c + dh*(h + heads*m)] = batches;
-            }
-        }
-    }
-    /* dWk.pack_dK: reads dK; scratch dK_panel
-     * for h (parallel) / c_tile / b / i / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t b = 0; b < batch; ++b) {
-                for (int64_t i = 0; i < n; ++i) {
-                    const int64_t dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
-                    const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
-                    #pragma omp simd
-                    for (int64_t lane = 0; lane < 8; ++lane) {
-                        dK_panel[dK_panel_row + lane] = dK[dK_row + lane];
-                    }
-                }
-            }
-        }
-    }
-    qkv_proj_bwd_tiled_f64_dWk(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
-    /* dWk.edge: writes dWk; reads X, dK
-     * for h, m (parallel) / c / b / i (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m = 0; m < dm; ++m) {
-            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
-                    for (int64_t i = 0; i < n; ++i) {
-                        xg += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
-                    }
-                    batches += xg;
-                }
-                dWk[c + dh*(h + heads*m)] = batches;
-            }
-        }
-    }
-    /* dWv.pack_dV: reads dV; scratch dV_panel
-     * for h (parallel) / c_tile / b / i / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t b = 0; b < batch; ++b) {
-                for (int64_t i = 0; i < n; ++i) {
-                    const int64_t dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
-                    const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
-                    #pragma omp simd
-                    for (int64_t lane = 0; lane < 8; ++lane) {
-                        dV_panel[dV_panel_row + lane] = dV[dV_row + lane];
-                    }
-                }
-            }
-        }
-    }
-    qkv_proj_bwd_tiled_f64_dWv(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
-    /* dWv.edge: writes dWv; reads X, dV
-     * for h, m (parallel) / c / b / i (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m = 0; m < dm; ++m) {
-            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
-                    for (int64_t i = 0; i < n; ++i) {
-                        xg += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
-                    }
-                    batches += xg;
-                }
-                dWv[c + dh*(h + heads*m)] = batches;
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_bwd_tiled_f32_dX(
-    const float *restrict X,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict dQ,
-    const float *restrict dK,
-    const float *restrict dV,
-    float *restrict dX,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict WqT,
-    float *restrict WkT,
-    float *restrict WvT,
-    float *restrict WqT_panel,
-    float *restrict WkT_panel,
-    float *restrict WvT_panel,
-    float *restrict dQ_panel,
-    float *restrict dK_panel,
-    float *restrict dV_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
     /* dX: writes dX; reads dQ, dK, dV; scratch WqT_panel, WkT_panel, WvT_panel
      * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
      */
@@ -1084,54 +138,55 @@ static void qkv_proj_bwd_tiled_f32_dX(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                #pragma omp simd if(simd: 0)
                 for (int64_t h = 0; h < heads; ++h) {
                     const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
                     const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
@@ -1151,6 +206,7 @@ static void qkv_proj_bwd_tiled_f32_dX(
                     const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
                     const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
                     const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    #pragma omp simd if(simd: 0)
                     for (int64_t c = 0; c < dh; ++c) {
                         acc_0_0 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
                         acc_0_1 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
@@ -1253,37 +309,47 @@ static void qkv_proj_bwd_tiled_f32_dX(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_bwd_tiled_f32_dWq(
-    const float *restrict X,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict dQ,
-    const float *restrict dK,
-    const float *restrict dV,
-    float *restrict dX,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict WqT,
-    float *restrict WkT,
-    float *restrict WvT,
-    float *restrict WqT_panel,
-    float *restrict WkT_panel,
-    float *restrict WvT_panel,
-    float *restrict dQ_panel,
-    float *restrict dK_panel,
-    float *restrict dV_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
+    /* dX.edge: writes dX; reads dQ, dK, dV; scratch WqT, WkT, WvT
+     * for b, i (parallel) / m / h / c (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+                double heads_sum = 0.0;
+                for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t dQ_row = dh*(i + n*(b*heads + h));
+                    const int64_t dK_row = dh*(i + n*(b*heads + h));
+                    const int64_t dV_row = dh*(i + n*(b*heads + h));
+                    double gw = 0.0;
+                    #pragma omp simd reduction(+:gw)
+                    for (int64_t c = 0; c < dh; ++c) {
+                        gw += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
+                    }
+                    heads_sum += gw;
+                }
+                dX[dm*(b*n + i) + m] = heads_sum;
+            }
+        }
+    }
+    /* dWq.pack_dQ: reads dQ; scratch dQ_panel
+     * for h (parallel) / c_tile / b / i / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dQ_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dQ_row = 8*c_tile + dh*(i + n*(b*heads + h));
+                    #pragma omp simd
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        dQ_panel[dQ_panel_row + lane] = dQ[dQ_row + lane];
+                    }
+                }
+            }
+        }
+    }
     /* dWq: writes dWq; reads X; scratch dQ_panel
      * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
@@ -1291,55 +357,57 @@ static void qkv_proj_bwd_tiled_f32_dWq(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
                         acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
                         acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
@@ -1442,37 +510,44 @@ static void qkv_proj_bwd_tiled_f32_dWq(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_bwd_tiled_f32_dWk(
-    const float *restrict X,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict dQ,
-    const float *restrict dK,
-    const float *restrict dV,
-    float *restrict dX,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict WqT,
-    float *restrict WkT,
-    float *restrict WvT,
-    float *restrict WqT_panel,
-    float *restrict WkT_panel,
-    float *restrict WvT_panel,
-    float *restrict dQ_panel,
-    float *restrict dK_panel,
-    float *restrict dV_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
+    /* dWq.edge: writes dWq; reads X, dQ
+     * for h, m (parallel) / c / b / i (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                double batches = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
+                    for (int64_t i = 0; i < n; ++i) {
+                        xg += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                    }
+                    batches += xg;
+                }
+                dWq[c + dh*(h + heads*m)] = batches;
+            }
+        }
+    }
+    /* dWk.pack_dK: reads dK; scratch dK_panel
+     * for h (parallel) / c_tile / b / i / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dK_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dK_row = 8*c_tile + dh*(i + n*(b*heads + h));
+                    #pragma omp simd
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        dK_panel[dK_panel_row + lane] = dK[dK_row + lane];
+                    }
+                }
+            }
+        }
+    }
     /* dWk: writes dWk; reads X; scratch dK_panel
      * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
@@ -1480,55 +555,57 @@ static void qkv_proj_bwd_tiled_f32_dWk(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
                         acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
                         acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
@@ -1631,37 +708,44 @@ static void qkv_proj_bwd_tiled_f32_dWk(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_bwd_tiled_f32_dWv(
-    const float *restrict X,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    const float *restrict dQ,
-    const float *restrict dK,
-    const float *restrict dV,
-    float *restrict dX,
-    float *restrict dWq,
-    float *restrict dWk,
-    float *restrict dWv,
-    float *restrict WqT,
-    float *restrict WkT,
-    float *restrict WvT,
-    float *restrict WqT_panel,
-    float *restrict WkT_panel,
-    float *restrict WvT_panel,
-    float *restrict dQ_panel,
-    float *restrict dK_panel,
-    float *restrict dV_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
+    /* dWk.edge: writes dWk; reads X, dK
+     * for h, m (parallel) / c / b / i (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                double batches = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
+                    for (int64_t i = 0; i < n; ++i) {
+                        xg += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                    }
+                    batches += xg;
+                }
+                dWk[c + dh*(h + heads*m)] = batches;
+            }
+        }
+    }
+    /* dWv.pack_dV: reads dV; scratch dV_panel
+     * for h (parallel) / c_tile / b / i / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    const int64_t dV_panel_row = 8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)));
+                    const int64_t dV_row = 8*c_tile + dh*(i + n*(b*heads + h));
+                    #pragma omp simd
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        dV_panel[dV_panel_row + lane] = dV[dV_row + lane];
+                    }
+                }
+            }
+        }
+    }
     /* dWv: writes dWv; reads X; scratch dV_panel
      * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
      */
@@ -1669,55 +753,57 @@ static void qkv_proj_bwd_tiled_f32_dWv(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                #pragma omp simd if(simd: 0)
                 for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
                     for (int64_t i = 0; i < n; ++i) {
                         acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
                         acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
@@ -1817,6 +903,26 @@ static void qkv_proj_bwd_tiled_f32_dWv(
                 dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
                 dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
                 dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
+    /* dWv.edge: writes dWv; reads X, dV
+     * for h, m (parallel) / c / b / i (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                double batches = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
+                    for (int64_t i = 0; i < n; ++i) {
+                        xg += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                    }
+                    batches += xg;
+                }
+                dWv[c + dh*(h + heads*m)] = batches;
             }
         }
     }
@@ -1934,7 +1040,184 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    qkv_proj_bwd_tiled_f32_dX(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+    /* dX: writes dX; reads dQ, dK, dV; scratch WqT_panel, WkT_panel, WvT_panel
+     * for b, m_tile (parallel) / i_tile / h (register tile) / c (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                #pragma omp simd if(simd: 0)
+                for (int64_t h = 0; h < heads; ++h) {
+                    const int64_t dQ_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dQ_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dQ_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dQ_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dQ_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dQ_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t dK_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dK_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dK_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dK_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dK_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dK_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    const int64_t dV_row0 = dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t dV_row1 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t dV_row2 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t dV_row3 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t dV_row4 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t dV_row5 = dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t c = 0; c < dh; ++c) {
+                        acc_0_0 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += dQ[dQ_row0 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row0 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row0 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += dQ[dQ_row1 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row1 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row1 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += dQ[dQ_row2 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row2 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row2 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += dQ[dQ_row3 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row3 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row3 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += dQ[dQ_row4 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row4 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row4 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += dQ[dQ_row5 + c] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[dK_row5 + c] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[dV_row5 + c] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                    }
+                }
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
+            }
+        }
+    }
     /* dX.edge: writes dX; reads dQ, dK, dV; scratch WqT, WkT, WvT
      * for b, i (parallel) / m / h / c (simd)
      */
@@ -1976,7 +1259,166 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    qkv_proj_bwd_tiled_f32_dWq(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+    /* dWq: writes dWq; reads X; scratch dQ_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                #pragma omp simd if(simd: 0)
+                for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
     /* dWq.edge: writes dWq; reads X, dQ
      * for h, m (parallel) / c / b / i (simd)
      */
@@ -2015,7 +1457,166 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    qkv_proj_bwd_tiled_f32_dWk(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+    /* dWk: writes dWk; reads X; scratch dK_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                #pragma omp simd if(simd: 0)
+                for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
     /* dWk.edge: writes dWk; reads X, dK
      * for h, m (parallel) / c / b / i (simd)
      */
@@ -2054,7 +1655,166 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    qkv_proj_bwd_tiled_f32_dWv(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+    /* dWv: writes dWv; reads X; scratch dV_panel
+     * for h, c_tile (parallel) / m_tile / b (register tile) / i (register tile)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                #pragma omp simd if(simd: 0)
+                for (int64_t b = 0; b < batch; ++b) {
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
     /* dWv.edge: writes dWv; reads X, dV
      * for h, m (parallel) / c / b / i (simd)
      */

@@ -13,8 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_tiled_f64_Q(
+void qkv_proj_tiled_f64(
     const double *restrict X,
     const double *restrict Wq,
     const double *restrict Wk,
@@ -32,6 +31,22 @@ static void qkv_proj_tiled_f64_Q(
     int64_t dh
 )
 {
+    /* Q.pack_Wq: reads Wq; scratch Wq_panel
+     * for h (parallel) / c_tile / m / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                const int64_t Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    Wq_panel[Wq_panel_row + lane] = Wq[Wq_row + lane];
+                }
+            }
+        }
+    }
     /* Q: writes Q; reads X; scratch Wq_panel
      * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
@@ -94,6 +109,7 @@ static void qkv_proj_tiled_f64_Q(
                     double acc_5_5 = 0.0;
                     double acc_5_6 = 0.0;
                     double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t m = 0; m < dm; ++m) {
                         acc_0_0 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
                         acc_0_1 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
@@ -196,413 +212,6 @@ static void qkv_proj_tiled_f64_Q(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_tiled_f64_K(
-    const double *restrict X,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    double *restrict Q,
-    double *restrict K,
-    double *restrict V,
-    double *restrict Wq_panel,
-    double *restrict Wk_panel,
-    double *restrict Wv_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
-    /* K: writes K; reads X; scratch Wk_panel
-     * for b, h, c_tile (parallel) / i_tile / m (register tile)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
-                    for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                    }
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_tiled_f64_V(
-    const double *restrict X,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    double *restrict Q,
-    double *restrict K,
-    double *restrict V,
-    double *restrict Wq_panel,
-    double *restrict Wk_panel,
-    double *restrict Wv_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
-    /* V: writes V; reads X; scratch Wv_panel
-     * for b, h, c_tile (parallel) / i_tile / m (register tile)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
-                    for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                    }
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-void qkv_proj_tiled_f64(
-    const double *restrict X,
-    const double *restrict Wq,
-    const double *restrict Wk,
-    const double *restrict Wv,
-    double *restrict Q,
-    double *restrict K,
-    double *restrict V,
-    double *restrict Wq_panel,
-    double *restrict Wk_panel,
-    double *restrict Wv_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
-    /* Q.pack_Wq: reads Wq; scratch Wq_panel
-     * for h (parallel) / c_tile / m / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                const int64_t Wq_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-                const int64_t Wq_row = 8*c_tile + dh*(h + heads*m);
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    Wq_panel[Wq_panel_row + lane] = Wq[Wq_row + lane];
-                }
-            }
-        }
-    }
-    qkv_proj_tiled_f64_Q(X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
     /* Q.edge: writes Q; reads X, Wq
      * for b, h, i (parallel) / c / m (simd)
      */
@@ -638,268 +247,6 @@ void qkv_proj_tiled_f64(
             }
         }
     }
-    qkv_proj_tiled_f64_K(X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-    /* K.edge: writes K; reads X, Wk
-     * for b, h, i (parallel) / c / m (simd)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                const int64_t K_row = dh*(i + n*(b*heads + h));
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double xw = 0.0;
-                    #pragma omp simd reduction(+:xw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        xw += X[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
-                    }
-                    K[K_row + c] = xw;
-                }
-            }
-        }
-    }
-    /* V.pack_Wv: reads Wv; scratch Wv_panel
-     * for h (parallel) / c_tile / m / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                const int64_t Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
-                const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    Wv_panel[Wv_panel_row + lane] = Wv[Wv_row + lane];
-                }
-            }
-        }
-    }
-    qkv_proj_tiled_f64_V(X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
-    /* V.edge: writes V; reads X, Wv
-     * for b, h, i (parallel) / c / m (simd)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                const int64_t V_row = dh*(i + n*(b*heads + h));
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double xw = 0.0;
-                    #pragma omp simd reduction(+:xw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        xw += X[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
-                    }
-                    V[V_row + c] = xw;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_tiled_f32_Q(
-    const float *restrict X,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    float *restrict Q,
-    float *restrict K,
-    float *restrict V,
-    float *restrict Wq_panel,
-    float *restrict Wk_panel,
-    float *restrict Wv_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
-    /* Q: writes Q; reads X; scratch Wq_panel
-     * for b, h, c_tile (parallel) / i_tile / m (register tile)
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                    }
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_tiled_f32_K(
-    const float *restrict X,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    float *restrict Q,
-    float *restrict K,
-    float *restrict V,
-    float *restrict Wq_panel,
-    float *restrict Wk_panel,
-    float *restrict Wv_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
     /* K: writes K; reads X; scratch Wk_panel
      * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
@@ -914,54 +261,55 @@ static void qkv_proj_tiled_f32_K(
                     const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
                     const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
                     const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t m = 0; m < dm; ++m) {
                         acc_0_0 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
                         acc_0_1 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
@@ -1064,27 +412,41 @@ static void qkv_proj_tiled_f32_K(
             }
         }
     }
-}
-
-__attribute__((optimize("no-tree-loop-vectorize")))
-static void qkv_proj_tiled_f32_V(
-    const float *restrict X,
-    const float *restrict Wq,
-    const float *restrict Wk,
-    const float *restrict Wv,
-    float *restrict Q,
-    float *restrict K,
-    float *restrict V,
-    float *restrict Wq_panel,
-    float *restrict Wk_panel,
-    float *restrict Wv_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh
-)
-{
+    /* K.edge: writes K; reads X, Wk
+     * for b, h, i (parallel) / c / m (simd)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t K_row = dh*(i + n*(b*heads + h));
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        xw += X[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
+                    }
+                    K[K_row + c] = xw;
+                }
+            }
+        }
+    }
+    /* V.pack_Wv: reads Wv; scratch Wv_panel
+     * for h (parallel) / c_tile / m / lane (simd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                const int64_t Wv_panel_row = 8*dm*(c_tile + h*((dh) / 8)) + 8*m;
+                const int64_t Wv_row = 8*c_tile + dh*(h + heads*m);
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    Wv_panel[Wv_panel_row + lane] = Wv[Wv_row + lane];
+                }
+            }
+        }
+    }
     /* V: writes V; reads X; scratch Wv_panel
      * for b, h, c_tile (parallel) / i_tile / m (register tile)
      */
@@ -1099,54 +461,55 @@ static void qkv_proj_tiled_f32_V(
                     const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
                     const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
                     const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    #pragma omp simd if(simd: 0)
                     for (int64_t m = 0; m < dm; ++m) {
                         acc_0_0 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
                         acc_0_1 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
@@ -1245,6 +608,25 @@ static void qkv_proj_tiled_f32_V(
                     V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
                     V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
                     V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
+    /* V.edge: writes V; reads X, Wv
+     * for b, h, i (parallel) / c / m (simd)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t V_row = dh*(i + n*(b*heads + h));
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        xw += X[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
+                    }
+                    V[V_row + c] = xw;
                 }
             }
         }
@@ -1285,7 +667,171 @@ void qkv_proj_tiled_f32(
             }
         }
     }
-    qkv_proj_tiled_f32_Q(X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+    /* Q: writes Q; reads X; scratch Wq_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        acc_0_0 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += X[X_row0 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += X[X_row1 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += X[X_row2 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += X[X_row3 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += X[X_row4 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += X[X_row5 + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                    }
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* Q.edge: writes Q; reads X, Wq
      * for b, h, i (parallel) / c / m (simd)
      */
@@ -1321,7 +867,171 @@ void qkv_proj_tiled_f32(
             }
         }
     }
-    qkv_proj_tiled_f32_K(X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+    /* K: writes K; reads X; scratch Wk_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        acc_0_0 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += X[X_row0 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += X[X_row1 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += X[X_row2 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += X[X_row3 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += X[X_row4 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += X[X_row5 + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                    }
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* K.edge: writes K; reads X, Wk
      * for b, h, i (parallel) / c / m (simd)
      */
@@ -1357,7 +1067,171 @@ void qkv_proj_tiled_f32(
             }
         }
     }
-    qkv_proj_tiled_f32_V(X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+    /* V: writes V; reads X; scratch Wv_panel
+     * for b, h, c_tile (parallel) / i_tile / m (register tile)
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    const int64_t X_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
+                    const int64_t X_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
+                    const int64_t X_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
+                    const int64_t X_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
+                    const int64_t X_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
+                    const int64_t X_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    #pragma omp simd if(simd: 0)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        acc_0_0 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += X[X_row0 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += X[X_row1 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += X[X_row2 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += X[X_row3 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += X[X_row4 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += X[X_row5 + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                    }
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
     /* V.edge: writes V; reads X, Wv
      * for b, h, i (parallel) / c / m (simd)
      */

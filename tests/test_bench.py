@@ -41,6 +41,8 @@ def test_quick_sweep_records_kernels_baselines_roof_and_machine(quick_run):
     assert ours["gflops"] == pytest.approx(ours["flops"] / ours["median_s"] / 1e9)
     roof = next(r for r in records if r["record"] == "roof")
     assert roof["triad_gbs"] > 0 and roof["gemm_gflops"] > 0
+    assert roof["gemm_gflops_by_dtype"]["float64"] == roof["gemm_gflops"]
+    assert roof["gemm_gflops_by_dtype"]["float32"] > 0
     # a triad in the same rounds as our kernels, recorded with each of them, not the baselines
     alongside = [r.get("triad_gbs_alongside") for r in results]
     assert [bool(a) for a in alongside] == [r["variant"] is not None for r in results]
@@ -60,6 +62,10 @@ def test_summary_has_ratios_and_plots(quick_run):
                   if '"variant": "dnf"' in line)
     share = 100 * record["gbs"] / record["triad_gbs_alongside"]
     assert dnf[header.index("% triad")] == f"{share:.0f}"
+    roof = next(json.loads(line) for line in out.read_text().splitlines()
+                if '"record": "roof"' in line)
+    gemm_share = 100 * record["gflops"] / roof["gemm_gflops_by_dtype"]["float64"]
+    assert dnf[header.index("% GEMM")] == f"{gemm_share:.0f}"
     assert (folder / "rmsnorm_fwd.png").stat().st_size > 0 and (folder / "roofline.png").exists()
 
 
@@ -74,6 +80,15 @@ def test_ratios_pair_each_result_with_baselines_of_its_own_setting():
                                dict(base, lang="c", variant="v", median_s=3.0, threads=1)])
     assert rows[0]["ratios"] == {"numpy": 3.0, "torch": 0.5, "compiled": 2.0}
     assert rows[4]["ratios"] == {}  # no baseline measured at 1 thread
+
+
+def test_gemm_share_takes_the_roof_of_the_results_dtype_and_threads():
+    roofs = [dict(threads=1, gemm_gflops_by_dtype={"float64": 10.0, "float32": 20.0}),
+             dict(threads=2, gemm_gflops_by_dtype={"float64": 40.0, "float32": 80.0})]
+    result = dict(dtype="float32", threads=2, gflops=60.0)
+    assert report.gemm_share(result, roofs) == 75.0
+    assert report.gemm_share(dict(result, threads=4), roofs) is None  # no roof at 4 threads
+    assert report.gemm_share(dict(result, gflops=None), roofs) is None  # no flop count
 
 
 def test_time_calls_round_robin_after_warmup():

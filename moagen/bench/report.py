@@ -52,11 +52,20 @@ def _impl(r):
     return f"{r['variant']} {r['lang']}{chosen}"
 
 
-def table(results) -> str:
+def gemm_share(result, roofs):
+    """The result's GFLOP/s as a percentage of the GEMM in its dtype measured by the run's
+    roof at its thread count, or None (no roof, no flop count, or a roof of an older run
+    that measured float64 only)."""
+    gemm = next((r.get("gemm_gflops_by_dtype", {}).get(result["dtype"]) for r in roofs
+                 if r["threads"] == result["threads"]), None)
+    return 100 * result["gflops"] / gemm if gemm and result.get("gflops") is not None else None
+
+
+def table(results, roofs=()) -> str:
     ratios = [f"{b}/this" for b in cases.BASELINES]
     lines = ["| " + " | ".join(["kernel", "impl", "n", "threads", "median ms", "IQR %", "GFLOP/s",
-                                "GB/s", "% triad"] + ratios) + " |",
-             "| --- " * (9 + len(ratios)) + "|"]
+                                "% GEMM", "GB/s", "% triad"] + ratios) + " |",
+             "| --- " * (10 + len(ratios)) + "|"]
     fmt = lambda x, f: "-" if x is None else format(x, f)
     for r in with_ratios(results):
         spread = 100 * (r["q3_s"] - r["q1_s"]) / r["median_s"]
@@ -64,6 +73,7 @@ def table(results) -> str:
         share = 100 * r["gbs"] / triad if triad and r.get("gbs") is not None else None
         lines.append(f"| {r['kernel']} | {_impl(r)} | {r['sizes']['n']} | {r['threads']} | "
                      f"{r['median_s'] * 1e3:.3f} | {spread:.0f} | {fmt(r.get('gflops'), '.2f')} | "
+                     f"{fmt(gemm_share(r, roofs), '.0f')} | "
                      f"{fmt(r.get('gbs'), '.2f')} | {fmt(share, '.0f')} | " +
                      " | ".join(fmt(r["ratios"].get(b), ".2f") for b in cases.BASELINES) + " |")
     return "\n".join(lines)
@@ -98,14 +108,18 @@ def write(path, run=None, out_dir=None) -> Path:
     figures = _plots(results, roofs, out_dir)
     text = [f"# Benchmark run {head['run']}", "", f"Machine: {machine_summary(head['machine'])}",
             "", f"Command: `{' '.join(head['command'])}`", "", "## Measured roofs", ""]
-    text += [f"- {r['threads']} thread(s): STREAM triad {r['triad_gbs']:.1f} GB/s, "
-             f"GEMM (fp64) {r['gemm_gflops']:.1f} GFLOP/s" for r in roofs]
+    text += [f"- {r['threads']} thread(s): STREAM triad {r['triad_gbs']:.1f} GB/s, GEMM "
+             + ", ".join(f"{dtype} {gflops:.1f}" for dtype, gflops in
+                         r.get("gemm_gflops_by_dtype", {"float64": r["gemm_gflops"]}).items())
+             + " GFLOP/s" for r in roofs]
     text += ["", "## Results", "", "Median of the repeats after warm-up; IQR: interquartile range "
              "over the median; % triad: GB/s over the bandwidth of a STREAM triad timed in the same "
-             "rounds as the kernel (a bandwidth-bound kernel's share of the memory roof); "
+             "rounds as the kernel (a bandwidth-bound kernel's share of the memory roof); % GEMM: "
+             "GFLOP/s over the roof's GEMM in the kernel's dtype (a compute-bound kernel's share "
+             "of the flop roof); "
              "numpy/this, torch/this and compiled/this: the baseline's time over ours on the same "
              "inputs, measured in a process of their own (above 1: ours is faster).", "",
-             table(results), ""]
+             table(results, roofs), ""]
     listed = baselines(results)
     text += ["## What each baseline computes", "", listed, ""] if listed else []
     text += [f"![{f.stem}]({f.name})" for f in figures]

@@ -1,7 +1,8 @@
 """The machine's own roofs, measured: memory bandwidth by a STREAM triad (a = b + s*c,
 24 bytes an element, arrays far larger than the caches) and peak flops by a BLAS GEMM
-(numpy's matmul), both at the process's thread count. The best of a few runs counts, as
-in STREAM. The GEMM runs first: OpenMP threads left spinning after the triad slow it."""
+(numpy's matmul) in each dtype a kernel runs in (float32 about twice float64 where vectors
+hold twice the numbers), all at the process's thread count. The best of a few runs counts,
+as in STREAM. The GEMMs run first: OpenMP threads left spinning after the triad slow them."""
 import time
 
 import numpy as np
@@ -30,13 +31,21 @@ def triad_call(n):
     return (lambda: native.triad(a, b, c, 3.0)), 24 * n
 
 
-def measure(quick=False) -> dict:
-    m = 1024 if quick else 2048
-    x, y = np.ones((m, m)), np.ones((m, m))
+DTYPES = ("float64", "float32")
+
+
+def gemm_gflops(m, dtype, repeats) -> float:
+    x, y = np.ones((m, m), dtype), np.ones((m, m), dtype)
     x @ y  # BLAS starts its threads
-    gemm_s = _best(lambda: x @ y, 2 if quick else 4)
+    return 2 * m ** 3 / _best(lambda: x @ y, repeats) / 1e9
+
+
+def measure(quick=False) -> dict:
+    """gemm_gflops: float64's (the roofline's); gemm_gflops_by_dtype: each dtype's."""
+    m = 1024 if quick else 2048
+    gemm = {dtype: gemm_gflops(m, dtype, 2 if quick else 4) for dtype in DTYPES}
     n = triad_elements(quick)
     triad, triad_bytes = triad_call(n)
     triad_s = _best(triad, 5 if quick else 10)
-    return dict(triad_gbs=triad_bytes / triad_s / 1e9, gemm_gflops=2 * m ** 3 / gemm_s / 1e9,
-                triad_elements=n, gemm_n=m)
+    return dict(triad_gbs=triad_bytes / triad_s / 1e9, gemm_gflops=gemm["float64"],
+                gemm_gflops_by_dtype=gemm, triad_elements=n, gemm_n=m)

@@ -1,0 +1,130 @@
+"""FlashAttention's form (KeyTiles, ColumnTiles, CausalBlocks): the structure each step
+promises, the values the flash variant keeps (the ONF interpreter against numpy, plain and
+causal, at sizes with and without leftover keys, rows and columns), and what each refuses."""
+import numpy as np
+import pytest
+import sympy
+
+from moagen import reference
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.moa.expr import sym
+from moagen.kernels import get_kernel
+from moagen.onf.causal import CausalBlocks
+from moagen.onf.interpret import run_onf
+from moagen.onf.keytiles import ColumnTiles, KeyTiles
+from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
+from moagen.pipeline import onf_of
+
+I, J, C, N, D = sym("i"), sym("j"), sym("c"), sym("n"), sym("d")
+
+
+def _attention(n, d, heads=1, seed=0):
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal((1, heads, n, d)) for name in "QKV"}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+# one key; rows, keys and columns left over; past a block of 64 keys (70 = 64 + 6)
+@pytest.mark.parametrize("n, d, rows, lanes", [(1, 3, 4, 8), (13, 5, 4, 8), (70, 10, 6, 8)])
+def test_flash_keeps_the_value(causal, n, d, rows, lanes):
+    kernel = "attention_fwd_causal" if causal else "attention_fwd"
+    onf = onf_of(kernel, "flash", params={"rows": rows, "lanes": lanes})
+    arrays = _attention(n, d)
+    scale = 1 / np.sqrt(d)
+    got = run_onf(onf, arrays, {"scale": scale})
+    want_o, want_lse = reference.attention_fwd_numpy(arrays["Q"], arrays["K"], arrays["V"],
+                                                     scale, causal=causal)
+    np.testing.assert_allclose(got["O"], want_o, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(got["lse"], want_lse, rtol=1e-12)
+
+
+def test_flash_structure():
+    onf = onf_of("attention_fwd", "flash", params={"rows": 4, "lanes": 8})
+    assert [n.label for n in onf.nests] == ["rows.pack_K", "rows", "rows.edge"]
+    assert [b.name for b in onf.temps] == ["probs", "K_panel"]
+    tiles = [s for s in walk(onf.nests[1].body) if isinstance(s, Loop) and s.vector_tile]
+    # one tile of scores (a loop over the head's columns), one of outputs (over the keys)
+    assert [t.var.name for t in tiles] == ["c", "j"]
+    assert len([u for u in tiles[0].body if isinstance(u, Update)]) == 4 * 8
+    assert len([u for u in tiles[1].body if isinstance(u, Update)]) == 4 * 8
+    # lanes innermost: the compiler packs a row's consecutive lanes into one vector
+    assert [u.name for u in tiles[0].body[:3]] == ["qk_0_0", "qk_0_1", "qk_0_2"]
+
+
+def test_causal_blocks_split_at_the_diagonal():
+    onf = onf_of("attention_fwd_causal", "flash", params={"rows": 4, "lanes": 8})
+    blocks = [s for s in walk(onf.nests[1].body) if isinstance(s, Loop) and s.var.name == "j_blk"]
+    assert len(blocks) == 2
+    below, diagonal = blocks
+    # the blocks every row of the tile sees whole end at (4 i_tile + 1) // 64, the blocks
+    # seen at all at (4 i_tile + 3) // 64 + 1
+    assert str(below.stop) == str(diagonal.start) == "idiv(4*i_tile + 1, 64)"
+    assert "idiv(4*i_tile + 3, 64) + 1" in str(diagonal.stop)
+    masked = lambda loop: any(isinstance(e, S.Select) for s in walk(loop.body)
+                              if isinstance(s, Store) for e in S.subexpressions(s.value))
+    assert not masked(below) and masked(diagonal)
+
+
+def _scores():
+    """p[i, j] = sum_c a[i, c] b[j, c]."""
+    body = (Let("s", S.Num(0.0)),
+            Loop(C, sympy.Integer(0), D, (Update("s", "+", S.Bin(
+                "*", S.Access("a", (I, C)), S.Access("b", (J, C)))),)),
+            Store("p", (I, J), S.Local("s")))
+    nest = Nest("p", (Loop(I, sympy.Integer(0), N, (Loop(J, sympy.Integer(0), N, body),)),), "p")
+    return ONF("scores", "test", (Buffer("a", (N, D)), Buffer("b", (N, D))),
+               (Buffer("p", (N, N)),), (), (N, D), (), (nest,))
+
+
+def _weighted_sum():
+    """y[i, c] = 0, then y[i, c] += p[i, j] b[j, c] over j."""
+    zero = Loop(C, sympy.Integer(0), D, (Store("y", (I, C), S.Num(0.0)),))
+    add = Loop(J, sympy.Integer(0), N, (
+        Let("t", S.Access("p", (I, J))),
+        Loop(C, sympy.Integer(0), D,
+             (Store("y", (I, C), S.Bin("*", S.Local("t"), S.Access("b", (J, C))), "+"),))))
+    nest = Nest("y", (Loop(I, sympy.Integer(0), N, (zero, add)),), "y")
+    return ONF("weighted_sum", "test", (Buffer("p", (N, N)), Buffer("b", (N, D))),
+               (Buffer("y", (N, D)),), (), (N, D), (), (nest,))
+
+
+@pytest.mark.parametrize("n", [3, 8, 19])
+def test_key_tiles_keep_the_value(n):
+    onf = KeyTiles("p", "j", 4)(_scores())
+    assert [nest.label for nest in onf.nests] == ["p.pack_b", "p"]
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((n, 5)), rng.standard_normal((n, 5))
+    np.testing.assert_allclose(run_onf(onf, {"a": a, "b": b}, {})["p"], a @ b.T, rtol=1e-13)
+
+
+@pytest.mark.parametrize("d", [3, 8, 13])
+def test_column_tiles_keep_the_value_bit_for_bit(d):
+    plain = _weighted_sum()
+    tiled = ColumnTiles("y", "j", "c", 4)(plain)
+    tiles = [s for s in walk(tiled.nests[0].body) if isinstance(s, Loop) and s.vector_tile]
+    assert [t.var.name for t in tiles] == ["j"]
+    rng = np.random.default_rng(2)
+    arrays = {"p": rng.standard_normal((6, 6)), "b": rng.standard_normal((6, d))}
+    want, got = run_onf(plain, arrays, {})["y"], run_onf(tiled, arrays, {})["y"]
+    np.testing.assert_array_equal(got, want)  # each element adds the keys in the same order
+    np.testing.assert_allclose(got, arrays["p"] @ arrays["b"], rtol=1e-13)
+
+
+def test_refusals():
+    with pytest.raises(ScheduleError, match="at least two lanes"):
+        KeyTiles("p", "j", 1)(_scores())
+    with pytest.raises(ScheduleError, match="no loop over the keys computing sums"):
+        KeyTiles("p", "i", 4)(_scores())
+    with pytest.raises(ScheduleError, match="no loop over the keys adding"):
+        ColumnTiles("p", "j", "c", 4)(_scores())
+    with pytest.raises(ScheduleError, match="one loop over i from 0"):
+        ColumnTiles("y", "j", "i", 4)(_weighted_sum())
+    with pytest.raises(ScheduleError, match="not a multiple of 24"):
+        onf_of("attention_fwd", "flash", params={"rows": 4, "lanes": 24})
+    with pytest.raises(ScheduleError, match="no loop over j_blk"):
+        CausalBlocks("p")(_scores())
+    with pytest.raises(ScheduleError, match="no score in the loop over j_blk is masked"):
+        # the plain kernel's ONF where the causal one has its CausalBlocks: the rows jammed
+        jammed = get_kernel("attention_fwd").onf("flash", params={"rows": 4}, upto=6)
+        CausalBlocks("rows")(jammed)
