@@ -72,7 +72,8 @@ def test_generate_check_reports_drift(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv,message", [
     (["show", "flash_attention"], "unknown kernel 'flash_attention'; known kernels: attention_fwd"),
-    (["show", "attention_fwd", "--variant", "flash"], "has no variant 'flash'; its variants: naive, dnf, online"),
+    (["show", "attention_fwd", "--variant", "flashy"],
+     "has no variant 'flashy'; its variants: naive, dnf, online, flash"),
     (["verify", "nonsense"], "unknown kernel 'nonsense'"),
 ])
 def test_errors_are_clear(capsys, argv, message):

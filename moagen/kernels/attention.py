@@ -79,19 +79,25 @@ def _online(rows, keys):
                            "cuda": (GpuThreads(parallel, nest="rows"),)})
 
 
-def _flash(rows, lanes, causal):
-    """FlashAttention's form: the online pass over blocks of keys with `rows` query rows
-    together, and both products of a block as register tiles (rows x `lanes` sums): the
+def flash_tiles(nest, rows, lanes, causal):
+    """The steps that give an online softmax's nest (after LowerReductions) the flash form:
+    `rows` query rows together, the block's two products as rows x `lanes` register tiles,
+    and for a causal mask the key blocks past a tile's rows skipped."""
+    together = rows_together(nest, "i", rows)
+    masked = (CausalBlocks(nest), *(CausalBlocks(jam.edge) for jam in together)) \
+        if causal else ()
+    return (*together, *masked, KeyTiles(nest, "j", lanes), ColumnTiles(nest, "j", "c", lanes))
+
+
+def _flash(rows, lanes, block, causal):
+    """FlashAttention's form: the online pass over blocks of `block` keys with `rows` query
+    rows together, and both products of a block as register tiles (rows x `lanes` sums): the
     scores against K packed in panels of `lanes` keys (K transposed, one copy per call), the
     output by tiles of `lanes` columns kept in registers over the block's keys. Causal: the
     blocks past a tile's last row are not visited."""
     parallel = ROWS[:-1] + (tiled("i", rows),)
-    together = rows_together("rows", "i", rows)
-    masked = (CausalBlocks("rows"), *(CausalBlocks(jam.edge) for jam in together)) \
-        if causal else ()
-    return Layers(algorithm=ROW_PASS + (OnlineSoftmax("rows", block=KEY_BLOCK),),
-                  schedule=(LowerReductions(), *together, *masked, KeyTiles("rows", "j", lanes),
-                            ColumnTiles("rows", "j", "c", lanes)),
+    return Layers(algorithm=ROW_PASS + (OnlineSoftmax("rows", block=block),),
+                  schedule=(LowerReductions(), *flash_tiles("rows", rows, lanes, causal)),
                   mapping={"cpu": (Parallel(parallel, nest="rows", interleave=True),),
                            "cuda": (GpuThreads(parallel, nest="rows"),)})
 
@@ -111,8 +117,9 @@ def variants(causal: bool):
                           space={"rows": (1, 2, 4, 6, 8), "keys": (1, 2, 4)},
                           cuda={"rows": 4, "keys": 4}),
         "flash": Tunable(frozenset(), partial(_flash, causal=causal),
-                         defaults={"rows": 8, "lanes": 16},
-                         space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32)},
+                         defaults={"rows": 8, "lanes": 16, "block": KEY_BLOCK},
+                         space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32),
+                                "block": (64, 128, 256)},
                          cuda={"rows": 4, "lanes": 8}),
     }
 

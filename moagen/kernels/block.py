@@ -80,7 +80,7 @@ FORWARD = Composite(
         Stage("norm1", "rmsnorm_fwd", "dnf",
               {"x": "x", "weight": "norm1", "z": "xn1", "inv_rms": "inv_rms1"}, ON_MODEL),
         Stage("qkv", "qkv_proj", "tiled", {"X": "xn1", **_same("Wq", "Wk", "Wv", "Q", "K", "V")}),
-        Stage("attn", "attention_fwd", "online",
+        Stage("attn", "attention_fwd", "flash",
               {"O": "attn", **_same("Q", "K", "V", "lse")}, ON_HEAD),
         Stage("out", "out_proj", "tiled", {"O": "attn", "Wo": "Wo", "R": "x", "Y": "resid"}),
         Stage("norm2", "rmsnorm_fwd", "dnf",
