@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 MOAGEN := $(VENV)/bin/moagen
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all generated build verify verify-cuda-emulated test bench clean
+.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc test bench clean
 
 all: generated build
 
@@ -25,6 +25,17 @@ verify: $(VENV)/.installed
 
 verify-cuda-emulated: $(VENV)/.installed  # every CUDA kernel run on the host, no GPU needed
 	$(MOAGEN) verify --lang cuda --emulate
+
+# OpenACC C and Fortran with gcc's nvptx offloading (apt-get install gcc-12-offload-nvptx),
+# run on the host where there is no GPU; and their device code side by side (docs/OPENACC.md)
+build-openacc: $(VENV)/.installed
+	$(MOAGEN) build --lang openacc-c --lang openacc-fortran
+
+verify-openacc: $(VENV)/.installed
+	$(MOAGEN) verify --lang openacc-c --lang openacc-fortran
+
+ptx-openacc: $(VENV)/.installed
+	$(MOAGEN) bench c-vs-fortran --target openacc --ptx
 
 test: $(VENV)/.installed
 	$(PYTHON) -m pytest -q

@@ -33,6 +33,7 @@ class CPrinter(Printer):
     index_printer = IndexPrinter()
     restrict = "restrict"
     simd_directives = True
+    helper_directive = ""  # a line before each inline helper (where a device calls them)
 
     def __init__(self, onf, dtype):
         super().__init__(onf, dtype)
@@ -62,7 +63,7 @@ class CPrinter(Printer):
             f", {s}" for s in list(self.sig.sizes) + list(self.sig.scalars))
         for nest in self.onf.nests:
             code = [self.indent + line for line in self.comment(self.nest_comment(nest))]
-            code += self.block(nest.body, 1)
+            code += self.nest_block(nest, 1)
             if not any(isinstance(s, Loop) and s.vector_tile for s in walk(nest.body)):
                 body += code
                 continue
@@ -70,8 +71,12 @@ class CPrinter(Printer):
             helpers.append({"name": name, "params": self.params(), "body": code, "static": True,
                             "attribute": '__attribute__((optimize("no-tree-loop-vectorize")))'})
             body.append(f"{self.indent}{name}({args});")
-        return helpers + [{"name": self.sig.name, "params": self.params(), "body": body,
-                           "static": False, "attribute": ""}]
+        return helpers + [{"name": self.sig.name, "params": self.params(),
+                           "body": self.function_body(body), "static": False, "attribute": ""}]
+
+    def function_body(self, lines):
+        """The kernel function's statements (a target may wrap them in a data region)."""
+        return lines
 
     def comment(self, lines):
         return ["/* " + lines[0]] + [" * " + line for line in lines[1:]] + [" */"]
@@ -82,11 +87,14 @@ class CPrinter(Printer):
         v = loop.var
         head = (f"for (int64_t {v} = {self.index(loop.start)}; {v} < {self.index(loop.stop)}; "
                 f"++{v}) {{")
-        pragma = ([f"{pad}#pragma omp parallel for collapse({loop.parallel}) "
-                   f"schedule({omp_schedule(loop)})"] if loop.parallel else [])
+        pragma = [pad + line for line in self.parallel_directives(loop)] if loop.parallel else []
         if loop.simd and self.simd_directives:
             pragma.append(f"{pad}#pragma omp simd{simd_clauses(loop)}")
         return pragma + [pad + head] + self.loop_body(loop, depth + 1) + [pad + "}"]
+
+    def parallel_directives(self, loop):
+        """The lines before a parallel loop chain's first loop."""
+        return [f"#pragma omp parallel for collapse({loop.parallel}) schedule({omp_schedule(loop)})"]
 
     def let(self, name, value, mutable):
         return f"{'' if mutable else 'const '}{self.real} {name} = {value};"
@@ -155,6 +163,7 @@ def emit_c(onfs_by_dtype, banner, printer=CPrinter):
     dnf = dnf_comment([onf for _, onf in onfs_by_dtype])
     return render("c/kernel.c.j2", banner=banner, dnf=printers[0].comment(dnf),
                   functions=functions, vector_exp=vector_exp,
+                  helper_directive=printer.helper_directive,
                   max_helpers=[INLINE_MAX.format(real=real, fn=fn, op=">" if fn == "max" else "<")
                                for real, fn in helpers])
 

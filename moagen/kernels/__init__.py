@@ -17,7 +17,7 @@ from moagen.kernels import (attention, attention_bwd, attention_decode, attentio
                             kv_append, mlp, projections, rmsnorm)
 from moagen.kernels.cases import Bench, Check
 from moagen.kernels.compose import Composite, compose
-from moagen.kernels.layers import Layers, cpu
+from moagen.kernels.layers import DEFAULTS_OF, Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.spec import KernelSpec
 
@@ -32,6 +32,7 @@ class Variant:
     space: Mapping[str, Tuple[int, ...]] = field(default_factory=dict)
 
     def defaults_for(self, target: str = "cpu") -> Dict[str, int]:
+        target = DEFAULTS_OF.get(target, target)
         if target not in self.defaults and self.defaults:
             raise UnknownNameError(f"variant {self.name} has no defaults for target {target!r}; "
                                    f"it has {', '.join(self.defaults)}")
