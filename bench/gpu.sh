@@ -4,7 +4,8 @@
 # Results are JSON lines in the format of `moagen bench` (run, result records), under OUT.
 #
 #   bench/gpu.sh prepare          # here, with network: wheels and pycuda's source into wheelhouse/
-#   OUT=/some/dir bench/gpu.sh    # there (no network needed): install, verify, atomics
+#   OUT=/some/dir bench/gpu.sh    # there (no network needed): install, verify, atomics,
+#                                 # OpenACC C vs Fortran where gcc offloads to the GPU
 #
 # pycuda ships as source only and links against the CUDA driver (libcuda), so it is built
 # on the GPU machine itself, from the source distribution `prepare` downloaded.
@@ -44,4 +45,21 @@ export MOAGEN_BUILD_DIR=${MOAGEN_BUILD_DIR:-build-gpu}
 # result 1 on the GPU: fused atomic vs owner vs separate, in CUDA next to C (OpenMP)
 "$PY" -m moagen.cli bench atomics --lang cuda --lang c --n 256 1024 2048 --out "$OUT/atomics.jsonl" \
     | tee "$OUT/atomics.txt"
+
+# result 3 on the GPU (docs/OPENACC.md): OpenACC C, C without restrict and Fortran, built with
+# gcc's nvptx offloading there (gcc-12-offload-nvptx, or gcc-N-offload-nvptx; libgomp's nvptx
+# plugin runs them), timed next to the CUDA kernel of the same variant; and their device code
+openacc_c_vs_fortran() {
+    if ! "$PY" -c "from moagen.targets.openacc import devices; raise SystemExit(devices() == 0)"; then
+        echo "OpenACC: libgomp finds no GPU (no libgomp-plugin-nvptx?): skipped" | tee "$OUT/openacc.txt"
+        return 0
+    fi
+    "$PY" -m moagen.cli verify --lang openacc-c --lang openacc-fortran rmsnorm_bwd mlp_bwd \
+        | tee "$OUT/verify-openacc.txt"
+    "$PY" -m moagen.cli bench c-vs-fortran --target openacc --out "$OUT/openacc.jsonl" \
+        | tee "$OUT/openacc.txt"
+    PATH=/usr/local/cuda/bin:$PATH "$PY" -m moagen.cli bench c-vs-fortran --target openacc --ptx \
+        --kernels mlp_bwd mlp_fwd --out "$OUT/openacc-ptx.jsonl" | tee "$OUT/openacc-ptx.txt"
+}
+openacc_c_vs_fortran
 echo "results in $OUT"

@@ -84,6 +84,12 @@ def add_parsers(bench, benchmarks, top):
     p.add_argument("--n", type=int, help="default: per kernel")
     p.add_argument("--valgrind", action="store_true",
                    help="also count instructions and cache misses under cachegrind (slow)")
+    p.add_argument("--target", choices=("cpu", "openacc"), default="cpu",
+                   help="openacc: OpenACC C, C without restrict and Fortran on a GPU, next "
+                        "to CUDA (moagen.bench.offload)")
+    p.add_argument("--ptx", action="store_true",
+                   help="with --target openacc: the device code side by side (PTX, ptxas, "
+                        "SASS), no GPU needed; default kernels: every kernel")
     _experiment_options(p, "languages")
 
     p = top.add_parser("report", help="summary (markdown) and plots of a benchmark results file")
