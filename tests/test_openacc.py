@@ -4,6 +4,7 @@ the device code gcc makes read back as PTX, ptxas' report and SASS."""
 import json
 import shutil
 import subprocess
+from dataclasses import replace
 
 import pytest
 
@@ -11,9 +12,12 @@ from moagen import build, verify
 from moagen.bench import languages, offload, sweep
 from moagen.cli import main
 from moagen.codegen.emit import emit
-from moagen.errors import DeviceUnavailable
+from moagen.codegen.openacc import OpenAccC, OpenAccFortran
+from moagen.errors import DeviceUnavailable, ScheduleError
 from moagen.kernels import get_kernel
 from moagen.kernels.layers import format_layers
+from moagen.moa import scalar as S
+from moagen.onf.loops import Let
 from moagen.onf.schedule import GpuThreads
 from moagen.pipeline import onf_of
 from moagen.targets import LANGS, get_target
@@ -158,3 +162,17 @@ def test_the_bench_workers_run_the_three_as_the_gpu_timing_will(tmp_path):
     records = sweep.run(languages.plan([("rmsnorm_fwd", "naive")], 64, 1, offload.LANGS), results)
     timed = {r["lang"]: r["median_s"] for r in records if r["record"] == "result"}
     assert set(offload.LANGS) <= set(timed) and all(timed[lang] > 0 for lang in offload.LANGS)
+
+
+def test_a_nest_openacc_cannot_place_is_refused_by_name():
+    onf = onf_of("rmsnorm_fwd", "naive", target="openacc")
+    nest = onf.nests[0]
+    (chain,) = nest.body
+    inner = replace(chain.body[0], parallel=0)  # the chain's second loop, alone
+    beside = replace(nest, body=(chain, Let("t", S.Num(1.0))))
+    inside = replace(nest, body=(replace(chain, parallel=0, body=(replace(inner, parallel=1),)),))
+    for bad, why in ((beside, "runs statements next to its parallel loops"),
+                     (inside, "runs parallel loops inside sequential ones")):
+        for printer in (OpenAccC, OpenAccFortran):
+            with pytest.raises(ScheduleError, match=f"nest {nest.label} {why}"):
+                printer(replace(onf, nests=(bad,)), "float64").nest_block(bad, 1)

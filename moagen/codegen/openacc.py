@@ -19,8 +19,10 @@ DATA_CLAUSE = {"in": "copyin", "out": "copyout", "inout": "copy", "scratch": "cr
 
 
 class _OpenAcc:
-    """What the C and Fortran OpenACC printers share; `sentinel` starts a directive line,
-    `extent(array)` names an array with its extent in a data clause."""
+    """What the C and Fortran OpenACC printers share. Each language gives the `sentinel` a
+    directive starts with, the depth of a function's statements (`body_depth`), a region
+    around lines (`region`), the data directive's lines, the `private` clause of a parallel
+    chain and an array with its extent in a data clause (`extent`)."""
     sentinel: str
     simd_directives = False  # a vector lane runs its loops in order
 
