@@ -1,0 +1,218 @@
+"""The rank layer printed in C and in Fortran: one driver function per distributed kernel and
+dtype, with the ABI of moagen.onf.signature plus a leading communicator (its Fortran handle,
+MPI_Comm_c2f, as an int64: what mpi4py's Comm.py2f gives and what both languages take). It
+calls the rank-local kernels printed beside it and moves blocks with MPI's own calls."""
+import sympy
+
+from moagen.bind.c import declaration
+from moagen.codegen.fortran import wrap_statement
+from moagen.onf.signature import DTYPE_SUFFIX
+
+C_TYPE = {"float64": "double", "float32": "float"}
+C_MPI_TYPE = {"float64": "MPI_DOUBLE", "float32": "MPI_FLOAT"}
+F_KIND = {"float64": "c_double", "float32": "c_float"}
+F_MPI_TYPE = {"float64": "MPI_DOUBLE_PRECISION", "float32": "MPI_REAL"}
+
+
+def driver_name(mapping, dtype) -> str:
+    return f"{mapping.function}_{DTYPE_SUFFIX[dtype]}"
+
+
+def _count(shape) -> str:
+    return str(sympy.prod(shape)).replace("**", "^")
+
+
+def _counts(mapping, dtype) -> dict:
+    """Elements of each block that travels or is merged, by array name."""
+    shape = {a.name: a.shape for a in mapping.local_signature(dtype).arrays}
+    return {x: _count(shape[x]) for x in mapping.travel + mapping.merged}
+
+
+def _comment_lines(mapping):
+    if mapping.pattern == "ring":
+        return [f"{mapping.name}: {mapping.local} ({mapping.variant}) over MPI ranks, "
+                f"{mapping.lifted} = ranks x {mapping.lifted} per rank.",
+                f"Rank r holds its query rows; at step t it uses key block (r - t) mod ranks; "
+                f"{', '.join(mapping.travel)} go to rank r + 1 while the step computes, and each "
+                f"step's (O, lse) is merged into the running one by the logsumexp rule."]
+    return [f"{mapping.name}: {mapping.local} ({mapping.variant}) over MPI ranks, the cache's "
+            f"rows cut over them ({mapping.lifted} rows per rank, {mapping.empty_when_zero} of "
+            f"them valid).",
+            "Each rank's partial (O, lse) goes to every rank (MPI_Allgather); the parts are "
+            "merged by the logsumexp rule."]
+
+
+# ---------------------------------------------------------------- C
+
+def c_driver(mapping, dtype) -> str:
+    local, merge = mapping.local_signature(dtype), mapping.merge_signature(dtype)
+    real, mpi_type = C_TYPE[dtype], C_MPI_TYPE[dtype]
+    arrays = mapping.driver_arrays(dtype)
+    params = ["int64_t comm_handle"]
+    params += [f"{'const ' if a.intent == 'in' else ''}{real} *restrict {a.name}" for a in arrays]
+    params += [f"int64_t {s.name}" for s in local.sizes] + [f"{real} {s}" for s in local.scalars]
+    counts = _counts(mapping, dtype)
+    o, lse = mapping.merged
+    merge_args = ", ".join([f"{o}_part", f"{lse}_part", o, lse] + list(mapping.merge_args().values()))
+    lines = ["/* " + line + " */" for line in _comment_lines(mapping)]
+    lines += [f"void {driver_name(mapping, dtype)}(", ",\n".join(f"    {p}" for p in params), ")",
+              "{",
+              "    MPI_Comm comm = MPI_Comm_f2c((MPI_Fint) comm_handle);",
+              "    int rank, ranks;",
+              "    MPI_Comm_rank(comm, &rank);",
+              "    MPI_Comm_size(comm, &ranks);"]
+    lines += [f"    const int64_t {x}_count = {c};" for x, c in counts.items()]
+
+    def local_call(outputs):
+        args = []
+        for a in local.arrays:
+            args.append(outputs.get(a.name, f"{a.name}_ring + now * {a.name}_count"
+                                    if a.name in mapping.travel else a.name))
+        args += [s.name for s in local.sizes] + list(local.scalars)
+        return f"{local.name}({', '.join(args)});"
+
+    if mapping.pattern == "ring":
+        lines += ["    const int next = (rank + 1) % ranks, prev = (rank + ranks - 1) % ranks;",
+                  "    /* the rank's own blocks are where step 0 finds them */"]
+        lines += [f"    memcpy({x}_ring, {x}, {x}_count * sizeof({real}));" for x in mapping.travel]
+        lines += ["    for (int step = 0; step < ranks; ++step) {",
+                  "        const int64_t now = step % 2, later = 1 - now;",
+                  f"        MPI_Request requests[{2 * len(mapping.travel)}];",
+                  "        int pending = 0;",
+                  "        if (step + 1 < ranks) {  /* the next blocks arrive while this step computes */"]
+        for tag, x in enumerate(mapping.travel):
+            lines += [f"            MPI_Irecv({x}_ring + later * {x}_count, (int) {x}_count, {mpi_type}, "
+                      f"prev, {tag}, comm, &requests[pending++]);",
+                      f"            MPI_Isend({x}_ring + now * {x}_count, (int) {x}_count, {mpi_type}, "
+                      f"next, {tag}, comm, &requests[pending++]);"]
+        lines += ["        }",
+                  "        if (step == 0) {",
+                  f"            {local_call({})}",
+                  "        } else {  /* slot 0: the running result; slot 1: this block's */"]
+        lines += [f"            memcpy({x}_part, {x}, {x}_count * sizeof({real}));" for x in mapping.merged]
+        lines += [f"            {local_call({x: f'{x}_part + {x}_count' for x in mapping.merged})}",
+                  f"            {merge.name}({merge_args});",
+                  "        }",
+                  "        MPI_Waitall(pending, requests, MPI_STATUSES_IGNORE);",
+                  "    }"]
+    else:
+        lines += [f"    if ({mapping.empty_when_zero} > 0) {{",
+                  f"        {local_call({})}",
+                  "    } else {  /* no rows here: a part that weighs nothing */",
+                  f"        for (int64_t e = 0; e < {o}_count; ++e) {o}[e] = 0;",
+                  f"        for (int64_t e = 0; e < {lse}_count; ++e) {lse}[e] = -INFINITY;",
+                  "    }"]
+        lines += [f"    MPI_Allgather({x}, (int) {x}_count, {mpi_type}, {x}_part, (int) {x}_count, "
+                  f"{mpi_type}, comm);" for x in mapping.merged]
+        lines += [f"    {merge.name}({merge_args});"]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def c_file(mapping, dtypes, banner) -> str:
+    """The driver translation unit: the local kernels' prototypes, then the drivers."""
+    head = ["/* " + line + " */" for line in banner]
+    head += ["#include <math.h>", "#include <stdint.h>", "#include <string.h>", "#include <mpi.h>", ""]
+    for dtype in dtypes:
+        head += [declaration(mapping.local_signature(dtype)),
+                 declaration(mapping.merge_signature(dtype))]
+    return "\n".join(head) + "\n\n" + "\n".join(c_driver(mapping, d) for d in dtypes)
+
+
+# ---------------------------------------------------------------- Fortran
+
+def fortran_driver(mapping, dtype) -> list:
+    local, merge = mapping.local_signature(dtype), mapping.merge_signature(dtype)
+    kind, mpi_type = F_KIND[dtype], F_MPI_TYPE[dtype]
+    arrays = mapping.driver_arrays(dtype)
+    name = driver_name(mapping, dtype)
+    sizes = [s.name for s in local.sizes]
+    args = ["comm"] + [a.name for a in arrays] + sizes + list(local.scalars)
+    counts = _counts(mapping, dtype)
+    o, lse = mapping.merged
+    merge_args = [f"{o}_part", f"{lse}_part", o, lse] + [
+        f"int({v}, c_int64_t)" if not v.isidentifier() or v == "ranks" else v
+        for v in mapping.merge_args().values()]
+    intent = {"in": "intent(in)", "out": "intent(out)", "scratch": "intent(inout)"}
+    lines = ["", *(f"  ! {line}" for line in _comment_lines(mapping)),
+             f"  subroutine {name}({', '.join(args)}) &", f'      bind(C, name="{name}")',
+             f"    integer(c_int64_t), value, intent(in) :: {', '.join(['comm'] + sizes)}"]
+    if local.scalars:
+        lines.append(f"    real({kind}), value, intent(in) :: {', '.join(local.scalars)}")
+    for a in arrays:
+        travels = a.name in (f"{x}_ring" for x in mapping.travel)
+        lines.append(f"    real({kind}), {intent[a.intent]}{', asynchronous' if travels else ''} "
+                     f":: {a.name}(0:*)")
+    lines += ["    integer :: rank, ranks, ierr",
+              f"    integer(c_int64_t) :: {', '.join(f'{x}_count' for x in counts)}"]
+    if mapping.pattern == "ring":
+        lines += [f"    integer :: next, prev, step, pending, requests({2 * len(mapping.travel)})",
+                  "    integer(c_int64_t) :: now, later"]
+    lines += [""]
+    lines += [f"    {x}_count = {c}" for x, c in counts.items()]
+    lines += ["    call MPI_Comm_rank(int(comm), rank, ierr)",
+              "    call MPI_Comm_size(int(comm), ranks, ierr)"]
+
+    def local_call(outputs):
+        actual = []
+        for a in local.arrays:
+            actual.append(outputs.get(a.name, f"{a.name}_ring(now * {a.name}_count)"
+                                      if a.name in mapping.travel else a.name))
+        return f"call {local.name}({', '.join(actual + sizes + list(local.scalars))})"
+
+    if mapping.pattern == "ring":
+        lines += ["    next = mod(rank + 1, ranks)", "    prev = mod(rank + ranks - 1, ranks)",
+                  "    ! the rank's own blocks are where step 0 finds them"]
+        lines += [f"    {x}_ring(0:{x}_count - 1) = {x}(0:{x}_count - 1)" for x in mapping.travel]
+        lines += ["    do step = 0, ranks - 1",
+                  "      now = mod(step, 2)",
+                  "      later = 1 - now",
+                  "      pending = 0",
+                  "      if (step + 1 < ranks) then  ! the next blocks arrive while this step computes"]
+        for tag, x in enumerate(mapping.travel):
+            lines += [f"        call MPI_Irecv({x}_ring(later * {x}_count), int({x}_count), {mpi_type}, "
+                      f"prev, {tag}, int(comm), requests(pending + 1), ierr)",
+                      f"        call MPI_Isend({x}_ring(now * {x}_count), int({x}_count), {mpi_type}, "
+                      f"next, {tag}, int(comm), requests(pending + 2), ierr)",
+                      "        pending = pending + 2"]
+        lines += ["      end if",
+                  "      if (step == 0) then",
+                  f"        {local_call({})}",
+                  "      else  ! slot 0: the running result; slot 1: this block's"]
+        lines += [f"        {x}_part(0:{x}_count - 1) = {x}(0:{x}_count - 1)" for x in mapping.merged]
+        lines += [f"        {local_call({x: f'{x}_part({x}_count)' for x in mapping.merged})}",
+                  f"        call {merge.name}({', '.join(merge_args)})",
+                  "      end if",
+                  "      call MPI_Waitall(pending, requests, MPI_STATUSES_IGNORE, ierr)",
+                  "    end do"]
+    else:
+        lines += [f"    if ({mapping.empty_when_zero} > 0) then",
+                  f"      {local_call({})}",
+                  "    else  ! no rows here: a part that weighs nothing",
+                  f"      {o}(0:{o}_count - 1) = 0",
+                  f"      {lse}(0:{lse}_count - 1) = ieee_value(0.0_{kind}, ieee_negative_inf)",
+                  "    end if"]
+        lines += [f"    call MPI_Allgather({x}, int({x}_count), {mpi_type}, {x}_part, int({x}_count), "
+                  f"{mpi_type}, int(comm), ierr)" for x in mapping.merged]
+        lines += [f"    call {merge.name}({', '.join(merge_args)})"]
+    lines.append(f"  end subroutine {name}")
+    return lines
+
+
+DRIVER_MODULE = "moagen_ranks"
+
+
+def fortran_file(mapping, dtypes, banner, kernels_module) -> str:
+    """The driver module: MPI's Fortran bindings and the rank-local kernels' module."""
+    lines = [f"! {line}" for line in banner]
+    lines += [f"module {DRIVER_MODULE}",
+              "  use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t",
+              "  use, intrinsic :: ieee_arithmetic, only: ieee_value, ieee_negative_inf",
+              "  use mpi",
+              f"  use {kernels_module}",
+              "  implicit none",
+              "", "contains"]
+    for dtype in dtypes:
+        lines += fortran_driver(mapping, dtype)
+    lines += ["", f"end module {DRIVER_MODULE}"]
+    return "".join(w + "\n" for line in lines for w in wrap_statement(line))
