@@ -90,7 +90,8 @@ class RankKernel:
         shared = [({k: v for k, v in s.items() if k not in self.mapping.per_rank}, c)
                   for s, c, _ in everyone]
         if any(x != shared[0] for x in shared):
-            listing = "; ".join(f"rank {r}: {s} {c}" for r, (s, c) in enumerate(shared))
+            listing = "; ".join(f"rank {r}: " + " ".join(f"{k}={v}" for k, v in {**s, **c}.items())
+                                for r, (s, c) in enumerate(shared))
             raise RankMismatch(f"{name}: the ranks were given different sizes or scalars, which "
                                f"must agree: {listing}")
         if self.mapping.empty_when_zero and not any(
