@@ -95,7 +95,7 @@ def _over_ranks(args):
              for p in counts]
     threshold = (model.hiding_block(args.kernel, sizes, rate, args.bandwidth, args.latency,
                                     args.dtype)
-                 if model.get_rank_kernel(args.kernel).pattern == "ring" else None)
+                 if model.get_rank_kernel(args.kernel).pattern != "gather" else None)
     if args.json:
         print(json.dumps({"rate": rate, "rate_measured_at": measured_at,
                           "bandwidth": args.bandwidth, "latency": args.latency,

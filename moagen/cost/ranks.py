@@ -70,7 +70,7 @@ def block_sizes(mapping, sizes: Dict[str, int], ranks: int) -> Dict[str, int]:
     (rounded up); the sharded decode's valid rows are its whole block."""
     if mapping.lifted not in sizes:
         raise SizeError(f"{mapping.name}: give the whole {mapping.lifted} (-D {mapping.lifted}=...)")
-    block = dict(sizes, **{mapping.lifted: -(-sizes[mapping.lifted] // ranks)})
+    block = dict(sizes, **{mapping.lifted: -(-sizes[mapping.lifted] // (ranks * mapping.chunks))})
     if mapping.empty_when_zero:
         block[mapping.empty_when_zero] = block[mapping.lifted]
     return block
@@ -106,8 +106,10 @@ def rank_cost(name, sizes, ranks, rate, bandwidth, latency, dtype="float64") -> 
     itemsize = np.dtype(dtype).itemsize
     message = sum(mapping.message_elements(block).values()) * itemsize
     transfer = latency + message / bandwidth if ranks > 1 else 0.0
-    if mapping.pattern == "ring":
-        compute = (local_flops(mapping, block, dtype) + merge_flops(mapping, block, 2)) / rate
+    if mapping.pattern != "gather":  # zigzag: two chunk pairs a step (step 0: two causal
+        # halves and one whole, as much)
+        compute = mapping.chunks * (local_flops(mapping, block, dtype)
+                                    + merge_flops(mapping, block, 2)) / rate
         time = (ranks - 1) * max(compute, transfer) + compute
         steps = ranks - 1
     else:
@@ -126,7 +128,7 @@ def hiding_block(name, sizes, rate, bandwidth, latency, dtype="float64") -> int:
 
     def hides(rows):
         block = dict(sizes, **{mapping.lifted: rows})
-        flops = local_flops(mapping, block, dtype) + merge_flops(mapping, block, 2)
+        flops = mapping.chunks * (local_flops(mapping, block, dtype) + merge_flops(mapping, block, 2))
         message = sum(mapping.message_elements(block).values()) * itemsize
         return flops / rate >= latency + message / bandwidth
 
@@ -155,7 +157,7 @@ def measured_rate(name, sizes, dtype="float64", lang="c", repeats=3) -> Tuple[fl
 
     mapping = get_rank_kernel(name)
     block = dict(sizes, **{mapping.lifted: min(sizes[mapping.lifted],
-                                               1024 if mapping.pattern == "ring" else 65536)})
+                                               1024 if mapping.pattern != "gather" else 65536)})
     if mapping.empty_when_zero:
         block[mapping.empty_when_zero] = block[mapping.lifted]
     kernel = get_kernel(mapping.local)
@@ -193,7 +195,7 @@ def format_table(costs, rate, bandwidth, latency, threshold=None) -> str:
 
 def _overlap(cost) -> str:
     """Whether the step's transfer hides behind its compute: only the ring overlaps them."""
-    if cost.steps == 0 or get_rank_kernel(cost.kernel).pattern != "ring":
+    if cost.steps == 0 or get_rank_kernel(cost.kernel).pattern == "gather":
         return "-"
     return "yes" if cost.hidden else "no"
 

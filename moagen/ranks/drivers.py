@@ -23,12 +23,39 @@ def _count(shape) -> str:
 
 
 def _counts(mapping, dtype) -> dict:
-    """Elements of each block that travels or is merged, by array name."""
-    shape = {a.name: a.shape for a in mapping.local_signature(dtype).arrays}
-    return {x: _count(shape[x]) for x in mapping.travel + mapping.merged}
+    """Elements of each block that travels or is merged (zigzag: of each chunk of the
+    rank's own arrays), by array name."""
+    local = mapping.local_signature(dtype)
+    shape = {a.name: a.shape for a in local.arrays}
+    names = mapping.travel + mapping.merged
+    if mapping.chunks == 2:
+        names = tuple(a.name for a in local.inputs + local.outputs)
+    return {x: _count(shape[x]) for x in names}
+
+
+def _slot(mapping, x, which):
+    """The element offset of a slot of the ring's buffer of x."""
+    return f"{which} * {mapping.chunks} * {x}_count" if mapping.chunks > 1 else f"{which} * {x}_count"
+
+
+def _ring_steps(mapping):
+    """Which blocks a zigzag step computes: (kernel role, query chunk, key chunk, merged),
+    for step 0, then for blocks from a lower rank, then from a higher one."""
+    return {"step == 0": (("diagonal", 0, 0, False), ("diagonal", 1, 1, False), ("local", 1, 0, True)),
+            "source < rank": (("local", 0, 0, True), ("local", 1, 0, True)),
+            "": (("local", 1, 0, True), ("local", 1, 1, True))}
 
 
 def _comment_lines(mapping):
+    if mapping.pattern == "zigzag":
+        return [f"{mapping.name}: causal attention over MPI ranks, the sequence cut into "
+                f"2 x ranks chunks of {mapping.lifted} rows; rank r holds chunks r (low) and "
+                "2 ranks - 1 - r (high).",
+                "At step t it holds the K, V chunks of rank s = (r - t) mod ranks (they go to "
+                f"rank r + 1 while the step computes): s = r, {mapping.diagonal} on low x low "
+                f"and high x high, {mapping.local} on high x low; s < r, {mapping.local} on "
+                f"low and high x s's low; s > r, {mapping.local} on high x both of s's. Each "
+                "block's (O, lse) is merged into its query chunk's by the logsumexp rule."]
     if mapping.pattern == "ring":
         return [f"{mapping.name}: {mapping.local} ({mapping.variant}) over MPI ranks, "
                 f"{mapping.lifted} = ranks x {mapping.lifted} per rank.",
@@ -63,37 +90,68 @@ def c_driver(mapping, dtype) -> str:
               "    MPI_Comm_size(comm, &ranks);"]
     lines += [f"    const int64_t {x}_count = {c};" for x, c in counts.items()]
 
-    def local_call(outputs):
+    def local_call(outputs, sig=local):
         args = []
-        for a in local.arrays:
-            args.append(outputs.get(a.name, f"{a.name}_ring + now * {a.name}_count"
+        for a in sig.arrays:
+            args.append(outputs.get(a.name, f"{a.name}_ring + {_slot(mapping, a.name, 'now')}"
                                     if a.name in mapping.travel else a.name))
-        args += [s.name for s in local.sizes] + list(local.scalars)
-        return f"{local.name}({', '.join(args)});"
+        args += [s.name for s in sig.sizes] + list(sig.scalars)
+        return f"{sig.name}({', '.join(args)});"
 
-    if mapping.pattern == "ring":
+    def merged_call(overrides, into=False):
+        """The block's (O, lse) into slot 1 of the parts, the running one (the outputs' high
+        chunk where `into`) copied to slot 0, both merged into the running one."""
+        at = {x: f"{x} + {x}_count" if into else x for x in mapping.merged}
+        parts = {x: f"{x}_part + {x}_count" for x in mapping.merged}
+        args = merge_args if not into else ", ".join(
+            [f"{o}_part", f"{lse}_part", at[o], at[lse]] + list(mapping.merge_args().values()))
+        return ([f"memcpy({x}_part, {at[x]}, {x}_count * sizeof({real}));" for x in mapping.merged]
+                + [local_call({**overrides, **parts}), f"{merge.name}({args});"])
+
+    if mapping.pattern in ("ring", "zigzag"):
+        count = (lambda x: f"{mapping.chunks} * {x}_count") if mapping.chunks > 1 else \
+            (lambda x: f"{x}_count")
         lines += ["    const int next = (rank + 1) % ranks, prev = (rank + ranks - 1) % ranks;",
                   "    /* the rank's own blocks are where step 0 finds them */"]
-        lines += [f"    memcpy({x}_ring, {x}, {x}_count * sizeof({real}));" for x in mapping.travel]
+        lines += [f"    memcpy({x}_ring, {x}, {count(x)} * sizeof({real}));" for x in mapping.travel]
         lines += ["    for (int step = 0; step < ranks; ++step) {",
                   "        const int64_t now = step % 2, later = 1 - now;",
                   f"        MPI_Request requests[{2 * len(mapping.travel)}];",
                   "        int pending = 0;",
                   "        if (step + 1 < ranks) {  /* the next blocks arrive while this step computes */"]
         for tag, x in enumerate(mapping.travel):
-            lines += [f"            MPI_Irecv({x}_ring + later * {x}_count, (int) {x}_count, {mpi_type}, "
-                      f"prev, {tag}, comm, &requests[pending++]);",
-                      f"            MPI_Isend({x}_ring + now * {x}_count, (int) {x}_count, {mpi_type}, "
-                      f"next, {tag}, comm, &requests[pending++]);"]
-        lines += ["        }",
-                  "        if (step == 0) {",
-                  f"            {local_call({})}",
-                  "        } else {  /* slot 0: the running result; slot 1: this block's */"]
-        lines += [f"            memcpy({x}_part, {x}, {x}_count * sizeof({real}));" for x in mapping.merged]
-        lines += [f"            {local_call({x: f'{x}_part + {x}_count' for x in mapping.merged})}",
-                  f"            {merge.name}({merge_args});",
-                  "        }",
-                  "        MPI_Waitall(pending, requests, MPI_STATUSES_IGNORE);",
+            lines += [f"            MPI_Irecv({x}_ring + {_slot(mapping, x, 'later')}, (int) ({count(x)}), "
+                      f"{mpi_type}, prev, {tag}, comm, &requests[pending++]);",
+                      f"            MPI_Isend({x}_ring + {_slot(mapping, x, 'now')}, (int) ({count(x)}), "
+                      f"{mpi_type}, next, {tag}, comm, &requests[pending++]);"]
+        lines.append("        }")
+        if mapping.pattern == "ring":
+            lines += ["        if (step == 0) {",
+                      f"            {local_call({})}",
+                      "        } else {  /* slot 0: the running result; slot 1: this block's */"]
+            lines += [f"            {line}" for line in merged_call({})]
+            lines.append("        }")
+        else:
+            sigs = {"local": local, "diagonal": mapping.diagonal_signature(dtype)}
+            lines.append("        const int source = (rank - step + ranks) % ranks;  /* whose chunks */")
+            for k, (condition, blocks) in enumerate(_ring_steps(mapping).items()):
+                head = ("if" if k == 0 else "} else if") + f" ({condition}) {{" if condition else "} else {"
+                lines.append(f"        {head}")
+                for role, q, key, merged in blocks:
+                    names = ("low", "high")
+                    lines.append(f"            /* {names[q]} queries x {names[key]} keys */")
+                    over = {x: f"{x}_ring + {_slot(mapping, x, 'now')}"
+                               + (f" + {x}_count" if key else "") for x in mapping.travel}
+                    over.update({a.name: f"{a.name} + {a.name}_count" if q else a.name
+                                 for a in local.inputs if a.name not in mapping.travel})
+                    if merged:
+                        lines += [f"            {line}" for line in
+                                  merged_call(over, into=bool(q))]
+                    else:
+                        over.update({x: f"{x} + {x}_count" if q else x for x in mapping.merged})
+                        lines.append(f"            {local_call(over, sigs[role])}")
+            lines.append("        }")
+        lines += ["        MPI_Waitall(pending, requests, MPI_STATUSES_IGNORE);",
                   "    }"]
     else:
         lines += [f"    if ({mapping.empty_when_zero} > 0) {{",
@@ -116,6 +174,8 @@ def c_file(mapping, dtypes, banner) -> str:
     for dtype in dtypes:
         head += [declaration(mapping.local_signature(dtype)),
                  declaration(mapping.merge_signature(dtype))]
+        if mapping.diagonal:
+            head.append(declaration(mapping.diagonal_signature(dtype)))
     return "\n".join(head) + "\n\n" + "\n".join(c_driver(mapping, d) for d in dtypes)
 
 
@@ -145,45 +205,79 @@ def fortran_driver(mapping, dtype) -> list:
                      f":: {a.name}(0:*)")
     lines += ["    integer :: rank, ranks, ierr",
               f"    integer(c_int64_t) :: {', '.join(f'{x}_count' for x in counts)}"]
-    if mapping.pattern == "ring":
+    if mapping.pattern != "gather":
         lines += [f"    integer :: next, prev, step, pending, requests({2 * len(mapping.travel)})",
                   "    integer(c_int64_t) :: now, later"]
+    if mapping.pattern == "zigzag":
+        lines.append("    integer :: source")
     lines += [""]
     lines += [f"    {x}_count = {c}" for x, c in counts.items()]
     lines += ["    call MPI_Comm_rank(int(comm), rank, ierr)",
               "    call MPI_Comm_size(int(comm), ranks, ierr)"]
 
-    def local_call(outputs):
+    def local_call(outputs, sig=local):
         actual = []
-        for a in local.arrays:
-            actual.append(outputs.get(a.name, f"{a.name}_ring(now * {a.name}_count)"
+        for a in sig.arrays:
+            actual.append(outputs.get(a.name, f"{a.name}_ring({_slot(mapping, a.name, 'now')})"
                                       if a.name in mapping.travel else a.name))
-        return f"call {local.name}({', '.join(actual + sizes + list(local.scalars))})"
+        return f"call {sig.name}({', '.join(actual + sizes + list(sig.scalars))})"
 
-    if mapping.pattern == "ring":
+    def merged_call(overrides, into=False):
+        """As the C driver's: the running result (its high chunk where `into`) to slot 0 of
+        the parts, the block's to slot 1, both merged into the running one."""
+        at = {x: f"{x}({x}_count)" if into else x for x in mapping.merged}
+        rows = {x: f"{x}_count:2 * {x}_count - 1" if into else f"0:{x}_count - 1"
+                for x in mapping.merged}
+        args = [f"{o}_part", f"{lse}_part", at[o], at[lse]] + merge_args[4:]
+        return ([f"{x}_part(0:{x}_count - 1) = {x}({rows[x]})" for x in mapping.merged]
+                + [local_call({**overrides, **{x: f"{x}_part({x}_count)" for x in mapping.merged}}),
+                   f"call {merge.name}({', '.join(args)})"])
+
+    if mapping.pattern != "gather":
+        count = (lambda x: f"{mapping.chunks} * {x}_count") if mapping.chunks > 1 else \
+            (lambda x: f"{x}_count")
         lines += ["    next = mod(rank + 1, ranks)", "    prev = mod(rank + ranks - 1, ranks)",
                   "    ! the rank's own blocks are where step 0 finds them"]
-        lines += [f"    {x}_ring(0:{x}_count - 1) = {x}(0:{x}_count - 1)" for x in mapping.travel]
+        lines += [f"    {x}_ring(0:{count(x)} - 1) = {x}(0:{count(x)} - 1)" for x in mapping.travel]
         lines += ["    do step = 0, ranks - 1",
                   "      now = mod(step, 2)",
                   "      later = 1 - now",
                   "      pending = 0",
                   "      if (step + 1 < ranks) then  ! the next blocks arrive while this step computes"]
         for tag, x in enumerate(mapping.travel):
-            lines += [f"        call MPI_Irecv({x}_ring(later * {x}_count), int({x}_count), {mpi_type}, "
-                      f"prev, {tag}, int(comm), requests(pending + 1), ierr)",
-                      f"        call MPI_Isend({x}_ring(now * {x}_count), int({x}_count), {mpi_type}, "
-                      f"next, {tag}, int(comm), requests(pending + 2), ierr)",
+            lines += [f"        call MPI_Irecv({x}_ring({_slot(mapping, x, 'later')}), int({count(x)}), "
+                      f"{mpi_type}, prev, {tag}, int(comm), requests(pending + 1), ierr)",
+                      f"        call MPI_Isend({x}_ring({_slot(mapping, x, 'now')}), int({count(x)}), "
+                      f"{mpi_type}, next, {tag}, int(comm), requests(pending + 2), ierr)",
                       "        pending = pending + 2"]
-        lines += ["      end if",
-                  "      if (step == 0) then",
-                  f"        {local_call({})}",
-                  "      else  ! slot 0: the running result; slot 1: this block's"]
-        lines += [f"        {x}_part(0:{x}_count - 1) = {x}(0:{x}_count - 1)" for x in mapping.merged]
-        lines += [f"        {local_call({x: f'{x}_part({x}_count)' for x in mapping.merged})}",
-                  f"        call {merge.name}({', '.join(merge_args)})",
-                  "      end if",
-                  "      call MPI_Waitall(pending, requests, MPI_STATUSES_IGNORE, ierr)",
+        lines.append("      end if")
+        if mapping.pattern == "ring":
+            lines += ["      if (step == 0) then",
+                      f"        {local_call({})}",
+                      "      else  ! slot 0: the running result; slot 1: this block's"]
+            lines += [f"        {line}" for line in merged_call({})]
+            lines.append("      end if")
+        else:
+            sigs = {"local": local, "diagonal": mapping.diagonal_signature(dtype)}
+            lines.append("      source = mod(rank - step + ranks, ranks)  ! whose chunks")
+            for k, (condition, blocks) in enumerate(_ring_steps(mapping).items()):
+                head = (("if" if k == 0 else "else if") + f" ({condition}) then"
+                        if condition else "else")
+                lines.append(f"      {head}")
+                for role, q, key, merged in blocks:
+                    names = ("low", "high")
+                    lines.append(f"        ! {names[q]} queries x {names[key]} keys")
+                    over = {x: f"{x}_ring({_slot(mapping, x, 'now')}"
+                               + (f" + {x}_count)" if key else ")") for x in mapping.travel}
+                    over.update({a.name: f"{a.name}({a.name}_count)" if q else a.name
+                                 for a in local.inputs if a.name not in mapping.travel})
+                    if merged:
+                        lines += [f"        {line}" for line in merged_call(over, into=bool(q))]
+                    else:
+                        over.update({x: f"{x}({x}_count)" if q else x for x in mapping.merged})
+                        lines.append(f"        {local_call(over, sigs[role])}")
+            lines.append("      end if")
+        lines += ["      call MPI_Waitall(pending, requests, MPI_STATUSES_IGNORE, ierr)",
                   "    end do"]
     else:
         lines += [f"    if ({mapping.empty_when_zero} > 0) then",

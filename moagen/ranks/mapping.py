@@ -10,12 +10,19 @@ list of nests, so a loop around nests that carries messages is not a step of it:
 layer is printed as a driver function (moagen.ranks.drivers) that calls the rank-local
 kernels, in the same library.
 
-Two patterns:
+Three patterns:
 - ring: the lifted size is the sequence (queries and keys both); rank r holds query rows r
   and, at step t, key block (r - t) mod ranks. The blocks that travel go to rank r + 1 and
   come from rank r - 1 (MPI_Isend / MPI_Irecv, posted before the step's compute and waited
   for after it: the transfer hides behind the compute where the compute is longer). Each
   step's partial (O, lse) is merged into the running one.
+- zigzag: the causal ring, balanced. The sequence is cut into 2 x ranks chunks and rank r
+  holds chunks r and 2 ranks - 1 - r (its "low" and "high" rows), so every rank has as many
+  keys before its queries as every other. At step t it holds the blocks of rank
+  s = (r - t) mod ranks, and the causal mask decides whole chunk pairs: s = r, the
+  `diagonal` kernel (causal) on low x low and high x high and the full one on high x low;
+  s < r, low and high queries against s's low keys; s > r, the high queries against both of
+  s's chunks. Two chunk-pair blocks a step on every rank.
 - gather: the lifted size is a KV cache's rows; each rank computes its partial (O, lse) over
   the rows it holds (none: lse = -inf, a part that weighs nothing), MPI_Allgather gives
   every rank every part, and the merge runs over the parts.
@@ -31,7 +38,7 @@ from moagen.onf.signature import ArrayParam
 from moagen.pipeline import onf_of
 from moagen.ranks.merge import merge_onf
 
-PATTERNS = ("ring", "gather")
+PATTERNS = ("ring", "zigzag", "gather")
 PARTS = sympy.Symbol("parts")
 RANKS = sympy.Symbol("ranks")  # a driver's scratch extent that the communicator decides
 
@@ -42,13 +49,24 @@ class RankMapping:
     local: str  # the kernel each rank runs on its blocks (moagen.kernels)
     variant: str  # its variant
     pattern: str  # one of PATTERNS
-    lifted: str  # the size lifted over ranks: the global one is ranks x this (per rank)
+    lifted: str  # the local size the ranks cut: the whole is ranks x chunks x this
     travel: Tuple[str, ...] = ()  # ring: the local kernel's inputs that go round the ring
     # the merge's sizes (lse_merge: parts, batch, heads, n, d) as the local kernel's
     merge_sizes: Tuple[Tuple[str, str], ...] = ()
     merged: Tuple[str, str] = ("O", "lse")  # the local kernel's outputs the merge combines
     empty_when_zero: str = ""  # gather: the given size whose 0 leaves a rank no rows
     per_rank: Tuple[str, ...] = ()  # the sizes that may differ from rank to rank
+    diagonal: str = ""  # zigzag: the kernel (causal) for a chunk against itself
+
+    @property
+    def chunks(self) -> int:
+        """The blocks of rows a rank holds (zigzag: its low and high chunks)."""
+        return 2 if self.pattern == "zigzag" else 1
+
+    @property
+    def whole(self) -> str:
+        """The single-process kernel the distributed one computes on the whole problem."""
+        return self.diagonal or self.local
 
     def __post_init__(self):
         if self.pattern not in PATTERNS:
@@ -61,6 +79,9 @@ class RankMapping:
 
     def local_signature(self, dtype):
         return signature(onf_of(self.local, self.variant), dtype)
+
+    def diagonal_signature(self, dtype):
+        return signature(onf_of(self.diagonal, self.variant), dtype)
 
     def merge_signature(self, dtype):
         return signature(merge_onf(), dtype)
@@ -76,19 +97,23 @@ class RankMapping:
         local kernel's scratch."""
         local = self.local_signature(dtype)
         shape = {a.name: a.shape for a in local.arrays}
-        slots = sympy.Integer(2) if self.pattern == "ring" else RANKS
-        buffers = [ArrayParam(f"{x}_ring", (sympy.Integer(2),) + shape[x], "scratch")
+        two = sympy.Integer(2)
+        chunks = (two,) if self.chunks == 2 else ()
+        slots = RANKS if self.pattern == "gather" else two
+        own = tuple(ArrayParam(a.name, chunks + a.shape, a.intent)
+                    for a in local.inputs + local.outputs)
+        buffers = [ArrayParam(f"{x}_ring", (two,) + chunks + shape[x], "scratch")
                    for x in self.travel]
         buffers += [ArrayParam(f"{x}_part", (slots,) + shape[x], "scratch") for x in self.merged]
-        return local.inputs + local.outputs + tuple(buffers) + local.scratch
+        return own + tuple(buffers) + local.scratch
 
     def message_elements(self, sizes) -> Dict[str, int]:
         """The elements of each message a rank sends, by array: the ring's travelling blocks,
         the gather's partial O and lse."""
         shape = {a.name: a.shape for a in self.local_signature("float64").arrays}
-        counted = self.travel if self.pattern == "ring" else self.merged
-        return {x: int(sympy.prod(shape[x]).subs({s: sizes[s.name] for s in
-                                                  sympy.prod(shape[x]).free_symbols}))
+        counted = self.merged if self.pattern == "gather" else self.travel
+        return {x: self.chunks * int(sympy.prod(shape[x]).subs(
+                    {s: sizes[s.name] for s in sympy.prod(shape[x]).free_symbols}))
                 for x in counted}
 
     def bytes_sent(self, sizes, ranks, itemsize) -> int:
@@ -100,6 +125,9 @@ class RankMapping:
 RANK_KERNELS = {m.name: m for m in (
     RankMapping("ring_attention_fwd", "attention_fwd", "online", "ring", lifted="n",
                 travel=("K", "V"), merge_sizes=(("parts", "2"),)),
+    RankMapping("ring_attention_fwd_causal", "attention_fwd", "online", "zigzag", lifted="n",
+                travel=("K", "V"), merge_sizes=(("parts", "2"),),
+                diagonal="attention_fwd_causal"),
     RankMapping("attention_decode_sharded", "attention_decode", "online", "gather",
                 lifted="cap", merge_sizes=(("parts", "ranks"), ("heads", "q_heads"), ("n", "1")),
                 empty_when_zero="n", per_rank=("n",)),

@@ -24,6 +24,10 @@ SIZES = {
     "ring_attention_fwd": (dict(batch=1, heads=1, n=1, d=3),
                            dict(batch=2, heads=3, n=5, d=7),
                            dict(batch=1, heads=2, n=67, d=16)),
+    # per rank: two chunks of n rows (the sequence is 2 x ranks x n)
+    "ring_attention_fwd_causal": (dict(batch=1, heads=1, n=1, d=3),
+                                  dict(batch=2, heads=3, n=5, d=7),
+                                  dict(batch=1, heads=2, n=37, d=16)),
     "attention_decode_sharded": (dict(batch=1, q_heads=1, kv_heads=1, cap=1, d=3, n=1),
                                  dict(batch=2, q_heads=6, kv_heads=2, cap=11, d=5, n=13),
                                  dict(batch=1, q_heads=8, kv_heads=1, cap=40, d=16, n="all")),
@@ -40,6 +44,18 @@ def _ring_case(mapping, sizes, ranks, rank, rng):
     return mine, {}, (q, k, v), {}, lambda outputs: tuple(o[:, :, rows] for o in outputs)
 
 
+def _zigzag_case(mapping, sizes, ranks, rank, rng):
+    """The sequence in 2 x ranks chunks of n rows; this rank's: chunk rank and chunk
+    2 ranks - 1 - rank, stacked (its low and high rows)."""
+    chunk = sizes["n"]
+    shape = (sizes["batch"], sizes["heads"], 2 * ranks * chunk, sizes["d"])
+    q, k, v = (rng.standard_normal(shape) for _ in range(3))
+    rows = [slice(c * chunk, (c + 1) * chunk) for c in (rank, 2 * ranks - 1 - rank)]
+    mine = [np.ascontiguousarray(np.stack([a[:, :, r] for r in rows])) for a in (q, k, v)]
+    return mine, {}, (q, k, v), {}, lambda outputs: tuple(np.stack([o[:, :, r] for r in rows])
+                                                          for o in outputs)
+
+
 def _decode_case(mapping, sizes, ranks, rank, rng):
     cap = sizes["cap"] * ranks
     valid = cap if sizes["n"] == "all" else min(sizes["n"], cap)
@@ -52,8 +68,9 @@ def _decode_case(mapping, sizes, ranks, rank, rng):
     return mine, {"n": here}, (q, k, v), {"n": valid}, lambda outputs: outputs
 
 
-CASES = {"ring": _ring_case, "gather": _decode_case}
+CASES = {"ring": _ring_case, "zigzag": _zigzag_case, "gather": _decode_case}
 REFERENCES = {"attention_fwd": reference.attention_fwd_numpy,
+              "attention_fwd_causal": partial(reference.attention_fwd_numpy, causal=True),
               "attention_decode": reference.attention_decode_numpy}
 
 
@@ -69,8 +86,8 @@ def check_case(comm, name, lang, dtype, sizes, seed=0, load=partial(runtime.load
     outputs = RankKernel(name, lang, dtype, comm)(*mine, **scalars, **given)
     wide = [a.astype(np.float64) for a in whole]
     references = {
-        "numpy": REFERENCES[mapping.local](*wide, **scalars, **whole_given),
-        "single": load(mapping.local, mapping.variant, lang, dtype)(*whole, **scalars,
+        "numpy": REFERENCES[mapping.whole](*wide, **scalars, **whole_given),
+        "single": load(mapping.whole, mapping.variant, lang, dtype)(*whole, **scalars,
                                                                     **whole_given)}
     errors = {}
     for what, expected in references.items():
