@@ -2,6 +2,8 @@
 rank-local kernels (the local kernel's variant and the merge) printed by the language's own
 printer, the rank layer's driver beside them (moagen.ranks.drivers), built with MPI's
 compiler wrappers, loaded with cffi (Fortran's drivers are bind(C))."""
+from functools import lru_cache
+
 import cffi
 import sympy
 
@@ -45,8 +47,9 @@ def sources(mapping, lang, dtypes=DTYPES) -> dict:
             f"{stem}.f90": drivers.fortran_file(mapping, dtypes, banner, fortran.MODULE)}
 
 
+@lru_cache(maxsize=None)
 def library(mapping, lang):
-    """The built shared library (cached) of both dtypes."""
+    """The built shared library (cached on disk; here, once a process) of both dtypes."""
     return build.build_mpi(sources(mapping, lang), f"{mapping.function}_{lang}_mpi", lang)
 
 
