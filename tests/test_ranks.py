@@ -63,7 +63,7 @@ def test_every_distributed_kernel_on_three_ranks():
     """C here; both languages on 2 ranks run in the Slurm job (tests/test_slurm_real.py)."""
     done = mpirun(3, "-m", "moagen.cli", "verify", "--ranks", "--lang", "c", "--dtype", "float64")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "9 passed, 0 failed on 3 ranks" in done.stdout, done.stdout
+    assert "12 passed, 0 failed on 3 ranks" in done.stdout, done.stdout
 
 
 @needs_mpi

@@ -34,7 +34,7 @@ def test_generated_ring_job_runs_under_slurm(tmp_path):
                               timeout=300)
     output = (work / "job.out").read_text() if (work / "job.out").exists() else ""
     assert done.returncode == 0, done.stdout + done.stderr + output
-    assert "2 ranks" in output and "18 passed, 0 failed on 2 ranks" in output, output
+    assert "2 ranks" in output and "24 passed, 0 failed on 2 ranks" in output, output
     (results,) = (work / "bench-results").glob("ring-*.jsonl")
     record = json.loads(results.read_text().splitlines()[-1])
     assert record["ranks"] == 2 and record["block"]["n"] == 128

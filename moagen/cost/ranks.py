@@ -12,6 +12,10 @@ The transfer hides behind the compute when F_step / R >= L + b_step / BW. For at
 leading terms are 4 B H n_l^2 d flops against 2 B H n_l d elements, so (L aside) it hides
 for n_l >= R x itemsize / (2 BW): batch, heads and d cancel.
 
+owner (ring_attention_bwd): the local backward a step, K and V overlapped with it as in the
+ring, the sums dK, dV sent after it (they are what it computed) and once more to go home:
+    t = (P - 1) (max(F_step / R, L + b_KV / BW) + L + b_sums / BW) + F_step / R + L + b_sums / BW
+
 gather (attention_decode_sharded, a cache of n rows, n_l = n / P a rank): each rank's decode
 over its rows, then MPI_Allgather of its partial (O, lse), modelled as the ring allgather:
 P - 1 steps of L + B Hq (d + 1) x itemsize / BW, then the merge over P parts. The
@@ -60,10 +64,6 @@ class RankCost:
     def hidden(self) -> bool:
         return self.compute_step_s >= self.transfer_step_s
 
-    @property
-    def bytes_sent(self) -> int:
-        return self.steps * self.bytes_step
-
 
 def block_sizes(mapping, sizes: Dict[str, int], ranks: int) -> Dict[str, int]:
     """The local kernel's sizes on the busiest rank: the lifted size cut into ranks blocks
@@ -106,16 +106,22 @@ def rank_cost(name, sizes, ranks, rate, bandwidth, latency, dtype="float64") -> 
     itemsize = np.dtype(dtype).itemsize
     message = sum(mapping.message_elements(block).values()) * itemsize
     transfer = latency + message / bandwidth if ranks > 1 else 0.0
-    if mapping.pattern != "gather":  # zigzag: two chunk pairs a step (step 0: two causal
+    steps = ranks - 1
+    if mapping.pattern == "owner":  # the sums move after the compute: never hidden
+        elements = mapping.message_elements(block)
+        sums = latency + sum(elements[x] for x in mapping.carried) * itemsize / bandwidth \
+            if ranks > 1 else 0.0
+        transfer -= sums - latency if ranks > 1 else 0.0  # what overlaps: K and V
+        compute = local_flops(mapping, block, dtype) / rate
+        time = steps * (max(compute, transfer) + sums) + compute + sums
+    elif mapping.pattern != "gather":  # zigzag: two chunk pairs a step (step 0: two causal
         # halves and one whole, as much)
         compute = mapping.chunks * (local_flops(mapping, block, dtype)
                                     + merge_flops(mapping, block, 2)) / rate
-        time = (ranks - 1) * max(compute, transfer) + compute
-        steps = ranks - 1
+        time = steps * max(compute, transfer) + compute
     else:
         compute = local_flops(mapping, block, dtype) / rate
-        time = compute + (ranks - 1) * transfer + merge_flops(mapping, block, ranks) / rate
-        steps = ranks - 1
+        time = compute + steps * transfer + merge_flops(mapping, block, ranks) / rate
     return RankCost(name, ranks, block, steps, message if ranks > 1 else 0, compute, transfer,
                     time, memory_per_rank(mapping, block, ranks, dtype))
 
@@ -128,8 +134,10 @@ def hiding_block(name, sizes, rate, bandwidth, latency, dtype="float64") -> int:
 
     def hides(rows):
         block = dict(sizes, **{mapping.lifted: rows})
-        flops = mapping.chunks * (local_flops(mapping, block, dtype) + merge_flops(mapping, block, 2))
-        message = sum(mapping.message_elements(block).values()) * itemsize
+        merging = merge_flops(mapping, block, 2) if mapping.merged else 0
+        flops = mapping.chunks * (local_flops(mapping, block, dtype) + merging)
+        message = sum(n for x, n in mapping.message_elements(block).items()
+                      if x not in mapping.carried) * itemsize
         return flops / rate >= latency + message / bandwidth
 
     high = 1

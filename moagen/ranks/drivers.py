@@ -28,6 +28,8 @@ def _counts(mapping, dtype) -> dict:
     local = mapping.local_signature(dtype)
     shape = {a.name: a.shape for a in local.arrays}
     names = mapping.travel + mapping.merged
+    if mapping.pattern == "owner":
+        names = tuple(dict.fromkeys(names + tuple(a.name for a in local.outputs)))
     if mapping.chunks == 2:
         names = tuple(a.name for a in local.inputs + local.outputs)
     return {x: _count(shape[x]) for x in names}
@@ -47,6 +49,13 @@ def _ring_steps(mapping):
 
 
 def _comment_lines(mapping):
+    if mapping.pattern == "owner":
+        return [f"{mapping.name}: {mapping.local} ({mapping.variant}) over MPI ranks in owner "
+                f"form, {mapping.lifted} rows a rank.",
+                f"Rank r keeps its query rows; {', '.join(mapping.travel)} of one key block travel "
+                "together: each step adds the block's dQ into the rank's and its "
+                f"{', '.join(mapping.carried)} into the travelling sums, which go on to rank "
+                "r + 1 after the step; one more pass brings them home."]
     if mapping.pattern == "zigzag":
         return [f"{mapping.name}: causal attention over MPI ranks, the sequence cut into "
                 f"2 x ranks chunks of {mapping.lifted} rows; rank r holds chunks r (low) and "
@@ -79,8 +88,9 @@ def c_driver(mapping, dtype) -> str:
     params += [f"{'const ' if a.intent == 'in' else ''}{real} *restrict {a.name}" for a in arrays]
     params += [f"int64_t {s.name}" for s in local.sizes] + [f"{real} {s}" for s in local.scalars]
     counts = _counts(mapping, dtype)
-    o, lse = mapping.merged
-    merge_args = ", ".join([f"{o}_part", f"{lse}_part", o, lse] + list(mapping.merge_args().values()))
+    o, lse = mapping.merged or (None, None)
+    merge_args = ", ".join([f"{o}_part", f"{lse}_part", o, lse] + list(mapping.merge_args().values())) \
+        if mapping.merged else ""
     lines = ["/* " + line + " */" for line in _comment_lines(mapping)]
     lines += [f"void {driver_name(mapping, dtype)}(", ",\n".join(f"    {p}" for p in params), ")",
               "{",
@@ -108,7 +118,9 @@ def c_driver(mapping, dtype) -> str:
         return ([f"memcpy({x}_part, {at[x]}, {x}_count * sizeof({real}));" for x in mapping.merged]
                 + [local_call({**overrides, **parts}), f"{merge.name}({args});"])
 
-    if mapping.pattern in ("ring", "zigzag"):
+    if mapping.pattern == "owner":
+        lines += _c_owner(mapping, local, real, mpi_type, local_call)
+    elif mapping.pattern in ("ring", "zigzag"):
         count = (lambda x: f"{mapping.chunks} * {x}_count") if mapping.chunks > 1 else \
             (lambda x: f"{x}_count")
         lines += ["    const int next = (rank + 1) % ranks, prev = (rank + ranks - 1) % ranks;",
@@ -167,13 +179,61 @@ def c_driver(mapping, dtype) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _c_owner(mapping, local, real, mpi_type, local_call):
+    """The owner's steps: K and V posted before the compute, the sums after it."""
+    carried = mapping.carried
+    blocks = [x for x in mapping.travel if x not in carried]
+
+    def post(names, first_tag, last):
+        out = []
+        for tag, x in enumerate(names, first_tag):
+            out += [f"    {last}MPI_Irecv({x}_ring + later * {x}_count, (int) {x}_count, {mpi_type}, "
+                    f"prev, {tag}, comm, &requests[pending++]);",
+                    f"    {last}MPI_Isend({x}_ring + now * {x}_count, (int) {x}_count, {mpi_type}, "
+                    f"next, {tag}, comm, &requests[pending++]);"]
+        return out
+
+    outputs = [a.name for a in local.outputs]
+    own = {x: x if x not in carried else f"{x}_now" for x in outputs}
+    lines = ["    const int next = (rank + 1) % ranks, prev = (rank + ranks - 1) % ranks;",
+             "    /* the rank's own blocks are where step 0 finds them */"]
+    lines += [f"    memcpy({x}_ring, {x}, {x}_count * sizeof({real}));" for x in blocks]
+    lines += ["    for (int step = 0; step < ranks; ++step) {",
+              "        const int64_t now = step % 2, later = 1 - now;",
+              f"        MPI_Request requests[{2 * len(mapping.travel)}];",
+              "        int pending = 0;"]
+    lines += [f"        {real} *const {x}_now = {x}_ring + now * {x}_count;  /* the sums of this step's block */"
+              for x in carried]
+    lines += ["        if (step + 1 < ranks) {  /* the next blocks arrive while this step computes */"]
+    lines += post(blocks, 0, "        ")
+    lines += ["        }",
+              "        if (step == 0) {  /* the first block's gradients start the sums */",
+              f"            {local_call(own)}",
+              "        } else {",
+              f"            {local_call({x: f'{x}_block' for x in outputs})}"]
+    for x in outputs:
+        lines += [f"            for (int64_t e = 0; e < {x}_count; ++e) {{",
+                  f"                {own[x]}[e] += {x}_block[e];",
+                  "            }"]
+    lines += ["        }",
+              "        if (ranks > 1) {  /* the sums go on with their block; after the last step, home */"]
+    lines += post(carried, len(blocks), "        ")
+    lines += ["        }",
+              "        MPI_Waitall(pending, requests, MPI_STATUSES_IGNORE);",
+              "    }",
+              "    const int64_t home = ranks > 1 ? ranks % 2 : 0;  /* the slot the last pass filled */"]
+    lines += [f"    memcpy({x}, {x}_ring + home * {x}_count, {x}_count * sizeof({real}));" for x in carried]
+    return lines
+
+
 def c_file(mapping, dtypes, banner) -> str:
     """The driver translation unit: the local kernels' prototypes, then the drivers."""
     head = ["/* " + line + " */" for line in banner]
     head += ["#include <math.h>", "#include <stdint.h>", "#include <string.h>", "#include <mpi.h>", ""]
     for dtype in dtypes:
-        head += [declaration(mapping.local_signature(dtype)),
-                 declaration(mapping.merge_signature(dtype))]
+        head.append(declaration(mapping.local_signature(dtype)))
+        if mapping.merged:
+            head.append(declaration(mapping.merge_signature(dtype)))
         if mapping.diagonal:
             head.append(declaration(mapping.diagonal_signature(dtype)))
     return "\n".join(head) + "\n\n" + "\n".join(c_driver(mapping, d) for d in dtypes)
@@ -189,10 +249,10 @@ def fortran_driver(mapping, dtype) -> list:
     sizes = [s.name for s in local.sizes]
     args = ["comm"] + [a.name for a in arrays] + sizes + list(local.scalars)
     counts = _counts(mapping, dtype)
-    o, lse = mapping.merged
+    o, lse = mapping.merged or (None, None)
     merge_args = [f"{o}_part", f"{lse}_part", o, lse] + [
         f"int({v}, c_int64_t)" if not v.isidentifier() or v == "ranks" else v
-        for v in mapping.merge_args().values()]
+        for v in mapping.merge_args().values()] if mapping.merged else []
     intent = {"in": "intent(in)", "out": "intent(out)", "scratch": "intent(inout)"}
     lines = ["", *(f"  ! {line}" for line in _comment_lines(mapping)),
              f"  subroutine {name}({', '.join(args)}) &", f'      bind(C, name="{name}")',
@@ -208,6 +268,8 @@ def fortran_driver(mapping, dtype) -> list:
     if mapping.pattern != "gather":
         lines += [f"    integer :: next, prev, step, pending, requests({2 * len(mapping.travel)})",
                   "    integer(c_int64_t) :: now, later"]
+    if mapping.pattern == "owner":
+        lines.append("    integer(c_int64_t) :: home")
     if mapping.pattern == "zigzag":
         lines.append("    integer :: source")
     lines += [""]
@@ -233,7 +295,9 @@ def fortran_driver(mapping, dtype) -> list:
                 + [local_call({**overrides, **{x: f"{x}_part({x}_count)" for x in mapping.merged}}),
                    f"call {merge.name}({', '.join(args)})"])
 
-    if mapping.pattern != "gather":
+    if mapping.pattern == "owner":
+        lines += _fortran_owner(mapping, local, mpi_type, local_call)
+    elif mapping.pattern != "gather":
         count = (lambda x: f"{mapping.chunks} * {x}_count") if mapping.chunks > 1 else \
             (lambda x: f"{x}_count")
         lines += ["    next = mod(rank + 1, ranks)", "    prev = mod(rank + ranks - 1, ranks)",
@@ -290,6 +354,53 @@ def fortran_driver(mapping, dtype) -> list:
                   f"{mpi_type}, int(comm), ierr)" for x in mapping.merged]
         lines += [f"    call {merge.name}({', '.join(merge_args)})"]
     lines.append(f"  end subroutine {name}")
+    return lines
+
+
+def _fortran_owner(mapping, local, mpi_type, local_call):
+    """As _c_owner: K and V posted before the compute, the sums after it."""
+    carried = mapping.carried
+    blocks = [x for x in mapping.travel if x not in carried]
+
+    def post(names, first_tag, indent):
+        out = []
+        for tag, x in enumerate(names, first_tag):
+            out += [f"{indent}call MPI_Irecv({x}_ring(later * {x}_count), int({x}_count), {mpi_type}, "
+                    f"prev, {tag}, int(comm), requests(pending + 1), ierr)",
+                    f"{indent}call MPI_Isend({x}_ring(now * {x}_count), int({x}_count), {mpi_type}, "
+                    f"next, {tag}, int(comm), requests(pending + 2), ierr)",
+                    f"{indent}pending = pending + 2"]
+        return out
+
+    outputs = [a.name for a in local.outputs]
+    own = {x: x if x not in carried else f"{x}_ring(now * {x}_count)" for x in outputs}
+    lines = ["    next = mod(rank + 1, ranks)", "    prev = mod(rank + ranks - 1, ranks)",
+             "    ! the rank's own blocks are where step 0 finds them"]
+    lines += [f"    {x}_ring(0:{x}_count - 1) = {x}(0:{x}_count - 1)" for x in blocks]
+    lines += ["    do step = 0, ranks - 1",
+              "      now = mod(step, 2)",
+              "      later = 1 - now",
+              "      pending = 0",
+              "      if (step + 1 < ranks) then  ! the next blocks arrive while this step computes"]
+    lines += post(blocks, 0, "        ")
+    lines += ["      end if",
+              "      if (step == 0) then  ! the first block's gradients start the sums",
+              f"        {local_call(own)}",
+              "      else",
+              f"        {local_call({x: f'{x}_block' for x in outputs})}"]
+    for x in outputs:
+        target = (f"{x}_ring(now * {x}_count:now * {x}_count + {x}_count - 1)" if x in carried
+                  else f"{x}(0:{x}_count - 1)")
+        lines.append(f"        {target} = {target} + {x}_block(0:{x}_count - 1)")
+    lines += ["      end if",
+              "      if (ranks > 1) then  ! the sums go on with their block; after the last step, home"]
+    lines += post(carried, len(blocks), "        ")
+    lines += ["      end if",
+              "      call MPI_Waitall(pending, requests, MPI_STATUSES_IGNORE, ierr)",
+              "    end do",
+              "    home = merge(mod(ranks, 2), 0, ranks > 1)  ! the slot the last pass filled"]
+    lines += [f"    {x}(0:{x}_count - 1) = {x}_ring(home * {x}_count:home * {x}_count + {x}_count - 1)"
+              for x in carried]
     return lines
 
 

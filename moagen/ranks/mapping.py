@@ -10,7 +10,7 @@ list of nests, so a loop around nests that carries messages is not a step of it:
 layer is printed as a driver function (moagen.ranks.drivers) that calls the rank-local
 kernels, in the same library.
 
-Three patterns:
+Four patterns:
 - ring: the lifted size is the sequence (queries and keys both); rank r holds query rows r
   and, at step t, key block (r - t) mod ranks. The blocks that travel go to rank r + 1 and
   come from rank r - 1 (MPI_Isend / MPI_Irecv, posted before the step's compute and waited
@@ -23,6 +23,13 @@ Three patterns:
   `diagonal` kernel (causal) on low x low and high x high and the full one on high x low;
   s < r, low and high queries against s's low keys; s > r, the high queries against both of
   s's chunks. Two chunk-pair blocks a step on every rank.
+- owner: the ring backward in owner form. Rank r holds its query rows' Q, O, dO and lse;
+  K, V and the sums dK, dV of one key block travel together. At each step the local
+  backward gives the block's dQ (added into the rank's own) and dK, dV (added into the
+  travelling sums, which then go on to rank r + 1 after the step: the K, V transfer overlaps
+  the compute, the sums' cannot, they are what it computed). After the last step one more
+  pass brings every block's sums home. The additions happen in one order for a given
+  number of ranks: the same bits on every run.
 - gather: the lifted size is a KV cache's rows; each rank computes its partial (O, lse) over
   the rows it holds (none: lse = -inf, a part that weighs nothing), MPI_Allgather gives
   every rank every part, and the merge runs over the parts.
@@ -38,7 +45,7 @@ from moagen.onf.signature import ArrayParam
 from moagen.pipeline import onf_of
 from moagen.ranks.merge import merge_onf
 
-PATTERNS = ("ring", "zigzag", "gather")
+PATTERNS = ("ring", "zigzag", "owner", "gather")
 PARTS = sympy.Symbol("parts")
 RANKS = sympy.Symbol("ranks")  # a driver's scratch extent that the communicator decides
 
@@ -105,7 +112,15 @@ class RankMapping:
         buffers = [ArrayParam(f"{x}_ring", (two,) + chunks + shape[x], "scratch")
                    for x in self.travel]
         buffers += [ArrayParam(f"{x}_part", (slots,) + shape[x], "scratch") for x in self.merged]
+        if self.pattern == "owner":  # a block's gradients before they are added in
+            buffers += [ArrayParam(f"{a.name}_block", a.shape, "scratch") for a in local.outputs]
         return own + tuple(buffers) + local.scratch
+
+    @property
+    def carried(self) -> Tuple[str, ...]:
+        """owner: the travelling sums (the local kernel's outputs that go round the ring)."""
+        outputs = {a.name for a in self.local_signature("float64").outputs}
+        return tuple(x for x in self.travel if x in outputs)
 
     def message_elements(self, sizes) -> Dict[str, int]:
         """The elements of each message a rank sends, by array: the ring's travelling blocks,
@@ -118,8 +133,11 @@ class RankMapping:
 
     def bytes_sent(self, sizes, ranks, itemsize) -> int:
         """What one rank sends in one call: each message to its ring neighbour ranks - 1
-        times, or (the gather) to each of the ranks - 1 others."""
-        return (ranks - 1) * sum(self.message_elements(sizes).values()) * itemsize
+        times, or (the gather) to each of the ranks - 1 others; the owner's sums once more
+        (home)."""
+        elements = self.message_elements(sizes)
+        home = sum(elements[x] for x in self.carried) if ranks > 1 else 0
+        return ((ranks - 1) * sum(elements.values()) + home) * itemsize
 
 
 RANK_KERNELS = {m.name: m for m in (
@@ -128,6 +146,8 @@ RANK_KERNELS = {m.name: m for m in (
     RankMapping("ring_attention_fwd_causal", "attention_fwd", "online", "zigzag", lifted="n",
                 travel=("K", "V"), merge_sizes=(("parts", "2"),),
                 diagonal="attention_fwd_causal"),
+    RankMapping("ring_attention_bwd", "attention_bwd", "dnf", "owner", lifted="n",
+                travel=("K", "V", "dK", "dV"), merged=()),
     RankMapping("attention_decode_sharded", "attention_decode", "online", "gather",
                 lifted="cap", merge_sizes=(("parts", "ranks"), ("heads", "q_heads"), ("n", "1")),
                 empty_when_zero="n", per_rank=("n",)),
