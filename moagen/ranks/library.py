@@ -14,7 +14,8 @@ from moagen.codegen.c import emit_c
 from moagen.errors import UnknownNameError
 from moagen.onf.signature import DTYPES, Signature
 from moagen.pipeline import onf_of
-from moagen.ranks import drivers
+from moagen.ranks import c_driver, fortran_driver
+from moagen.ranks.drivers import driver_name
 from moagen.ranks.mapping import RANKS
 from moagen.ranks.merge import merge_onf
 from moagen.targets import fortran
@@ -43,9 +44,9 @@ def sources(mapping, lang, dtypes=DTYPES) -> dict:
     stem = mapping.function
     if lang == "c":
         return {f"{stem}_local.c": emit_c(pairs, banner),
-                f"{stem}.c": drivers.c_file(mapping, dtypes, banner)}
+                f"{stem}.c": c_driver.c_file(mapping, dtypes, banner)}
     return {f"{stem}_local.f90": fortran.emit(pairs, banner),
-            f"{stem}.f90": drivers.fortran_file(mapping, dtypes, banner, fortran.MODULE)}
+            f"{stem}.f90": fortran_driver.fortran_file(mapping, dtypes, banner, fortran.MODULE)}
 
 
 @lru_cache(maxsize=None)
@@ -59,7 +60,7 @@ def driver_signature(mapping, dtype, ranks: int) -> Signature:
     local = mapping.local_signature(dtype)
     arrays = tuple(a.__class__(a.name, tuple(sympy.sympify(d).subs(RANKS, ranks) for d in a.shape),
                                a.intent) for a in mapping.driver_arrays(dtype))
-    return Signature(drivers.driver_name(mapping, dtype), arrays, local.sizes, local.scalars, dtype)
+    return Signature(driver_name(mapping, dtype), arrays, local.sizes, local.scalars, dtype)
 
 
 def bind(mapping, lang, dtype, comm_handle: int, ranks: int, validate):
