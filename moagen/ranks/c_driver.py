@@ -6,6 +6,7 @@ from moagen.ranks.drivers import block_counts, comment_lines, driver_name, slot,
 C_TYPE = {"float64": "double", "float32": "float"}
 C_MPI_TYPE = {"float64": "MPI_DOUBLE", "float32": "MPI_FLOAT"}
 
+
 def c_driver(mapping, dtype) -> str:
     local, merge = mapping.local_signature(dtype), mapping.merge_signature(dtype)
     real, mpi_type = C_TYPE[dtype], C_MPI_TYPE[dtype]

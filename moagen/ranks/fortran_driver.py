@@ -6,6 +6,7 @@ from moagen.ranks.drivers import block_counts, comment_lines, driver_name, slot,
 F_KIND = {"float64": "c_double", "float32": "c_float"}
 F_MPI_TYPE = {"float64": "MPI_DOUBLE_PRECISION", "float32": "MPI_REAL"}
 
+
 def fortran_driver(mapping, dtype) -> list:
     local, merge = mapping.local_signature(dtype), mapping.merge_signature(dtype)
     kind, mpi_type = F_KIND[dtype], F_MPI_TYPE[dtype]
