@@ -46,7 +46,6 @@ from moagen.pipeline import onf_of
 from moagen.ranks.merge import merge_onf
 
 PATTERNS = ("ring", "zigzag", "owner", "gather")
-PARTS = sympy.Symbol("parts")
 RANKS = sympy.Symbol("ranks")  # a driver's scratch extent that the communicator decides
 
 
