@@ -56,10 +56,27 @@ class RankKernel:
         self.comm, self.timeout = comm, timeout
         self.lang, self.dtype = library.check_lang(lang), dtype
         self._local_validate = get_kernel(self.mapping.local).validate
+        self._build_once()
         self._callable = library.bind(self.mapping, lang, dtype, comm.py2f(), comm.Get_size(),
                                       self._agree)
         self._agreed = False
-        self.last_sizes = None
+
+    def _build_once(self):
+        """Rank 0 builds the library (or finds it built) while the others wait; then each
+        loads it: one compile, not one a rank, and a compile error raised on every rank."""
+        error = None
+        if self.comm.Get_rank() == 0:
+            try:
+                library.library(self.mapping, self.lang)
+            except MoagenError as e:
+                error = f"{type(e).__name__}: {e}"
+        # a compile may take long: the deadline here is never shorter than the default's
+        with deadline(self.comm, max(self.timeout, DEFAULT_TIMEOUT),
+                      f"building {self.mapping.function} ({self.lang})"):
+            error = self.comm.bcast(error, root=0)
+        if error is not None:
+            raise MoagenError(f"{self.mapping.function} ({self.lang}): rank 0 could not build "
+                              f"it: {error}")
 
     def __call__(self, *args, **kwargs):
         self._agreed = False
@@ -98,7 +115,6 @@ class RankKernel:
                 s[self.mapping.empty_when_zero] for s, _, _ in everyone):
             raise RankMismatch(f"{name}: no rank holds a valid row ({self.mapping.empty_when_zero}"
                                " = 0 everywhere): a softmax over no rows")
-        self.last_sizes = dict(sizes)
 
     def _check_here(self, sizes, scalars):
         rows = self.mapping.empty_when_zero
