@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 MOAGEN := $(VENV)/bin/moagen
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc test bench clean
+.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks test bench clean
 
 all: generated build
 
@@ -36,6 +36,14 @@ verify-openacc: $(VENV)/.installed
 
 ptx-openacc: $(VENV)/.installed
 	$(MOAGEN) bench c-vs-fortran --target openacc --ptx
+
+# the distributed kernels on 1..4 MPI ranks (oversubscribed past the cores: one thread a
+# rank), C and Fortran, both dtypes; OpenMPI refuses root unless told twice
+RANKS ?= 1 2 3 4
+verify-ranks: $(VENV)/.installed
+	set -e; for p in $(RANKS); do \
+	  OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	  mpirun --oversubscribe -np $$p $(MOAGEN) verify --ranks; done
 
 test: $(VENV)/.installed
 	$(PYTHON) -m pytest -q

@@ -33,6 +33,7 @@ INSTALL_CUDA = "the CUDA toolkit: apt-get install nvidia-cuda-toolkit (or NVIDIA
 INSTALL_OFFLOAD = "apt-get install gcc-12-offload-nvptx"
 INSTALL_F90WRAP = "pip install f90wrap==0.3.0"
 INSTALL_MESON = "pip install meson==1.12.1 ninja==1.13.2"
+INSTALL_MPI = "apt-get install openmpi-bin libopenmpi-dev"
 
 # the GPUs every CUDA kernel is compiled for, with or without one present
 CUDA_ARCHS = ("sm_80", "sm_90")
@@ -205,6 +206,25 @@ def build_fortran(source, stem, module, toolchain=None):
 
     folder = _cached(stem, key, build)
     return folder / f"_{folder.name.replace('-', '_')}{sysconfig.get_config_var('EXT_SUFFIX')}"
+
+
+def build_mpi(sources, stem, lang, toolchain=None):
+    """Build C or Fortran sources that call MPI into one shared library (for cffi dlopen),
+    with MPI's compiler wrappers (mpicc, mpifort: they add MPI's headers, Fortran modules
+    and libraries) over the language's flags; sources: file name -> text, compiled in that
+    order (a Fortran module before the files that use it). Returns the library's path."""
+    tc = toolchain or Toolchain()
+    wrapper, flags, link = {"c": ("mpicc", tc.cflags, tc.cldflags),
+                            "fortran": ("mpifort", tc.fflags, ("-shared",))}[lang]
+    key = ("mpi", lang, sorted(sources.items()), wrapper, flags, link)
+
+    def build(folder, name):
+        paths = [_write(folder / filename, text) for filename, text in sources.items()]
+        modules = [f"-J{folder}"] if lang == "fortran" else []
+        _run([_require(wrapper, "MPI compiler wrapper", INSTALL_MPI), *flags, *modules, "-o",
+              str(folder / f"lib{stem}.so"), *map(str, paths), *link], paths[-1], cwd=folder)
+
+    return _cached(stem, key, build) / f"lib{stem}.so"
 
 
 def build_cuda(source, stem, toolchain=None):

@@ -73,6 +73,9 @@ def _parser():
     p.add_argument("--emulate", action="store_true",
                    help="run CUDA on the host, each block's threads an OpenMP team "
                         "(cuda-emulated); with no --lang, CUDA only")
+    p.add_argument("--ranks", action="store_true",
+                   help="the distributed kernels (moagen.ranks), C and Fortran, on the ranks "
+                        "of the MPI job: mpirun -np P moagen verify --ranks")
     p.set_defaults(run=cmd_verify)
 
     from moagen.cost.command import add_parser as add_cost_parser
@@ -209,6 +212,10 @@ def cmd_verify(args):
     from moagen.onf.signature import DTYPES
     from moagen.targets import emulated
 
+    if args.ranks:
+        from moagen.ranks.verify import main as verify_ranks
+        return verify_ranks(args.kernels or None, tuple(args.lang or ("c", "fortran")),
+                            tuple(args.dtype or DTYPES))
     if args.emulate:
         langs = tuple(emulated(lang) for lang in args.lang or ("cuda",))
     else:

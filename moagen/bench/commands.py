@@ -105,6 +105,16 @@ def add_parsers(bench, benchmarks, top):
     p.add_argument("--numa-nodes", type=int, default=1)
     p.add_argument("--time", default="01:00:00")
     p.add_argument("-o", "--output", type=Path, help="default: print it")
+    p.add_argument("--ring", action="store_true",
+                   help="instead: the distributed kernels verified and ring attention measured "
+                        "on a multi-node allocation, one MPI rank per NUMA node")
+    p.add_argument("--nodes", type=int, default=2, help="with --ring (default: %(default)s)")
+    p.add_argument("--ranks-per-numa", type=int, default=1,
+                   help="with --ring: MPI ranks per NUMA node (default: %(default)s)")
+    p.add_argument("--python", default=".venv/bin/python",
+                   help="with --ring: the Python with moagen and mpi4py (default: %(default)s)")
+    p.add_argument("--ring-n", type=int, default=65536,
+                   help="with --ring: the sequence measured (default: %(default)s)")
     p.set_defaults(run=_run("moagen.bench.slurm"))
 
 

@@ -164,7 +164,7 @@ def _check_case_insensitive(onf, printer):
                             f"which ignores case; rename one in the spec")
 
 
-def _wrap(line):
+def wrap_statement(line):
     """Split a long statement or OpenMP / OpenACC directive with `&` continuations at
     spaces, every continuation indented as the first line plus four."""
     stripped = line.lstrip()
@@ -189,4 +189,4 @@ def emit_fortran(onfs_by_dtype, banner, module, printer=FortranPrinter):
     dnf = dnf_comment([onf for _, onf in onfs_by_dtype])
     text = render("fortran/module.f90.j2", banner=banner, dnf=dnf, module=module, subroutines=subs,
                   kinds=kinds, neg_inf=any(s["neg_inf"] for s in subs))
-    return "".join(w + "\n" for line in text.splitlines() for w in _wrap(line))
+    return "".join(w + "\n" for line in text.splitlines() for w in wrap_statement(line))

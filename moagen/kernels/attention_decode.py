@@ -7,7 +7,6 @@ kv_heads = 1. The query is the newest position, so it sees every valid row: deco
 causal by construction.
 """
 from moagen import reference
-from moagen.kernels.attention import KEY_BLOCK
 from moagen.kernels.attention import KEY_BLOCK, softmax_scale
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
@@ -30,15 +29,21 @@ V_CACHE = array("V", "batch", "kv_heads", "cap", "d")
 GROUP = idiv(sym("q_heads"), sym("kv_heads"))  # query heads per KV head
 
 
+def softmax_weighted(scores, values, var="j"):
+    """softmax(scores) . values and the scores' logsumexp, the softmax made stable by the
+    maximum. Decode's scores are q . K; the merge of partial results over ranks
+    (moagen.ranks.merge) is the same with each part's logsumexp as its score."""
+    row_max = reduce("max", scores, axis=0, var=var, name="row_max")
+    weights = exp(scores - row_max)
+    row_sum = reduce("+", weights, axis=0, var=var, name="row_sum")
+    return inner(weights / row_sum, values, var=var, name="acc"), row_max + log(row_sum)
+
+
 def _one_head(b, h):
     kv_head = idiv(h, GROUP)
     q = psi((b, h), Q)
     keys, values = (take("n", psi((b, kv_head), cache)) for cache in (K_CACHE, V_CACHE))
-    scores = Scalar("scale") * inner(keys, q, var="c", name="qk")
-    row_max = reduce("max", scores, axis=0, var="j", name="row_max")
-    weights = exp(scores - row_max)
-    row_sum = reduce("+", weights, axis=0, var="j", name="row_sum")
-    return inner(weights / row_sum, values, var="j", name="acc"), row_max + log(row_sum)
+    return softmax_weighted(Scalar("scale") * inner(keys, q, var="c", name="qk"), values)
 
 
 _O, _LSE = _one_head(sym("b"), sym("h"))
