@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 MOAGEN := $(VENV)/bin/moagen
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all generated build verify verify-cuda-emulated test bench clean
+.PHONY: all generated build verify verify-cuda-emulated gpu-dry-run test bench clean
 
 all: generated build
 
@@ -25,6 +25,9 @@ verify: $(VENV)/.installed
 
 verify-cuda-emulated: $(VENV)/.installed  # every CUDA kernel run on the host, no GPU needed
 	$(MOAGEN) verify --lang cuda --emulate
+
+gpu-dry-run: $(VENV)/.installed  # every step of bench/gpu.sh on the CUDA emulation (minutes)
+	PYTHON=$(PYTHON) OUT=bench-results/gpu-dry-run bench/gpu.sh --dry-run
 
 test: $(VENV)/.installed
 	$(PYTHON) -m pytest -q

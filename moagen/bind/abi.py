@@ -33,6 +33,9 @@ class KernelCallable:
         self._native_call = native_call
         self._validate = validate
         self.device = device
+        # a device kernel's scratch, kept from call to call: allocating and freeing GPU
+        # memory synchronizes the device, which a timed call would pay every time
+        self._device_scratch = {}
         self._dtype = np.dtype(signature.dtype)
         self._largest = float(np.finfo(self._dtype).max)  # a Python float: compares without a cast
         self._shape_of = {a.name: sympy.lambdify(signature.sizes, sympy.Tuple(*a.shape),
@@ -69,7 +72,7 @@ class KernelCallable:
         # the full-size temporaries of a variant that materializes them: allocated here, so
         # that running out of memory is a MemoryError, not a crash in native code; where
         # the kernel runs, whatever side its arguments are on
-        scratch = [self._empty(self._expected(p, sizes), self.device is not None) for p in sig.scratch]
+        scratch = [self._scratch(p, sizes) for p in sig.scratch]
         self._native_call(*inputs, *outputs, *scratch, *sizes.values(), *scalars.values())
         if not outputs:  # the kernel only updates its inout arguments
             return None
@@ -128,6 +131,19 @@ class KernelCallable:
         if on_device:
             return DeviceArray(self.device, shape, self._dtype, order)
         return np.empty(shape, self._dtype, order=order)
+
+    def _scratch(self, param, sizes):
+        """A host kernel's scratch, new each call; a device kernel's, kept while its shape
+        stays the same."""
+        shape = self._expected(param, sizes)
+        if self.device is None:
+            return self._empty(shape, False)
+        kept = self._device_scratch.pop(param.name, None)
+        if kept is None or kept.shape != shape:
+            kept = None  # the old memory is freed before the new is allocated
+            kept = self._empty(shape, True)
+        self._device_scratch[param.name] = kept
+        return kept
 
     def _check_array(self, what, param, array):
         """Rank, dtype, layout: what makes the raw pointer mean what the kernel thinks."""

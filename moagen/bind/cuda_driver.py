@@ -65,6 +65,12 @@ class Driver:
             self._call(self._driver.cuMemcpyDtoH, host.ctypes.data,
                        self._driver.CUdeviceptr(view.ptr), view.nbytes)
 
+    def copy(self, destination, source):
+        """Device to device, the bytes of `source` (no larger than `destination`)."""
+        if source.nbytes:
+            self._call(self._driver.cuMemcpyDtoD, self._driver.CUdeviceptr(destination.ptr),
+                       self._driver.CUdeviceptr(source.ptr), source.nbytes)
+
     def check(self, view, where):
         """That the view's bytes lie in one allocation on our GPU: a host pointer, or one
         into another GPU's memory, would fault in the kernel."""

@@ -40,6 +40,9 @@ class HostDevice:
     def copy_out(self, host, view):
         ctypes.memmove(host.ctypes.data, view.ptr, view.nbytes)
 
+    def copy(self, destination, source):
+        ctypes.memmove(destination.ptr, source.ptr, source.nbytes)
+
     def check(self, view, where):
         if view.nbytes and not any(start <= view.ptr and view.ptr + view.nbytes <= start + size
                                    for start, size in self._live.items()):
