@@ -37,7 +37,7 @@ setup_python() {
         "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
     fi
     export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-    export MOAGEN_BUILD_DIR=${MOAGEN_BUILD_DIR:-$PWD/build-gpu}
+    export MOAGEN_BUILD_DIR=${MOAGEN_BUILD_DIR:-$PWD/build/gpu}
     # machine code for the H200 itself (nvcc's default target is older, JIT-compiled PTX)
     export MOAGEN_NVCCFLAGS=${MOAGEN_NVCCFLAGS:--O3 -arch=sm_90}
 }
