@@ -34,6 +34,7 @@ class Foreign:
     """Another library's device array (a CUDA tensor, say): an interface and nothing else."""
 
     def __init__(self, array, **changes):
+        self.memory = array  # its owner keeps the memory, as a tensor does
         self.__cuda_array_interface__ = dict(array.__cuda_array_interface__, **changes)
 
 

@@ -32,11 +32,11 @@ class Flags:
 
 class DeviceView:
     """A device array's pointer and layout. obj: the object it describes (returned to the
-    caller as given); stream: the stream its producer's work is queued on, None when the
-    producer says nothing is pending."""
+    caller as given), None for itself; stream: the stream its producer's work is queued on,
+    None when the producer says nothing is pending."""
 
     def __init__(self, obj, ptr, shape, dtype, strides, readonly, stream=None):
-        self.obj, self.ptr, self.shape, self.dtype = obj, ptr, tuple(shape), np.dtype(dtype)
+        self._obj, self.ptr, self.shape, self.dtype = obj, ptr, tuple(shape), np.dtype(dtype)
         self.strides = tuple(strides)
         self.stream = stream
         self.ndim, self.size = len(self.shape), math.prod(self.shape)
@@ -45,6 +45,12 @@ class DeviceView:
         self.flags = Flags(_same_layout(self.shape, self.strides, _strides(self.shape, itemsize, "C")),
                            _same_layout(self.shape, self.strides, _strides(self.shape, itemsize, "F")),
                            ptr % itemsize == 0, not readonly)
+
+    @property
+    def obj(self):
+        # not stored for itself: a reference cycle would keep GPU memory until the
+        # garbage collector's next pass
+        return self if self._obj is None else self._obj
 
     def overlaps(self, other) -> bool:
         """Whether the two spans of memory meet (exact for contiguous arrays)."""
@@ -107,7 +113,7 @@ class DeviceArray(DeviceView):
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         ptr, self._allocation = device.allocate(nbytes)
-        super().__init__(self, ptr, shape, dtype, _strides(tuple(shape), dtype.itemsize, order),
+        super().__init__(None, ptr, shape, dtype, _strides(tuple(shape), dtype.itemsize, order),
                          readonly=False)
         self.device = device
 
