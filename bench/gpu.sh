@@ -5,7 +5,8 @@
 #      and the device-resident calls (torch tensors, cupy arrays) tested (tests/test_cuda_gpu.py);
 #   2. the atomics experiment (paper V, result 1) in CUDA: fused atomic vs owner vs separate;
 #   3. `moagen bench --lang cuda` against PyTorch's SDPA on the same GPU, float32 and float64,
-#      d 64 and 128, n 1024 to 16384, by CUDA events on device-resident arrays;
+#      d 64 and 128, n 1024 to 16384, by CUDA events on device-resident arrays; and decode
+#      (flash-decoding's split) against SDPA and the device's copy bandwidth;
 # results, summaries and plots under OUT, packed into one archive (gpu-results.tar.gz).
 #
 #   bench/gpu.sh prepare            # here, with network: the wheels the GPU machine lacks
@@ -44,7 +45,7 @@ setup_python() {
 
 # step NAME SECONDS FUNCTION [ARGS...]: one step under its limit, its output in OUT/NAME.txt
 step() {
-    local name=$1 limit=$2 start=$SECONDS
+    local name=$1 limit=$(($2 * LIMIT_SCALE)) start=$SECONDS
     shift 2
     echo "== $name (limit ${limit}s): $*"
     export -f "$1"
@@ -94,6 +95,13 @@ bench_vs_sdpa() {
         --out "$OUT/bench-$1-d$2.jsonl"
 }
 
+# decode, a memory-bound kernel: its GB/s against the device's copy bandwidth (% copy)
+bench_decode() {
+    "$PY" -m moagen.cli bench --lang "$CUDA" --kernels attention_decode:split --dtype float32 \
+        --n $DECODE_N --threads "$JOBS" --baselines torch --untuned $DRY_RUN \
+        --out "$OUT/bench-decode.jsonl"
+}
+
 # summaries and plots of whatever was measured (a step cut short writes none itself), then
 # one archive: what comes back from the machine is a few files
 pack() {
@@ -112,11 +120,14 @@ main() {
     mkdir -p "$OUT/verify"
     if [ "${1:-}" = --dry-run ]; then
         # the CUDA emulation in the GPU's place; the same commands, sizes a 2-core machine runs
-        export CUDA=cuda-emulated DRY_RUN=--dry-run ATOMICS_N="16" BENCH_N="32 64"
+        export CUDA=cuda-emulated DRY_RUN=--dry-run ATOMICS_N="16" BENCH_N="32 64" DECODE_N="40"
+        LIMIT_SCALE=4  # a shared 2-core machine running a GPU's threads
         export VERIFY_KERNELS="rmsnorm_fwd attention_decode"  # every kernel: make test does
         local sizes="float32:16 float64:16"
     else
         export CUDA=cuda DRY_RUN= ATOMICS_N="256 1024 2048" BENCH_N="1024 2048 4096 8192 16384"
+        export DECODE_N="8192 32768"
+        LIMIT_SCALE=1
         export VERIFY_KERNELS=$("$PY" -c "from moagen.kernels import KERNELS; print(*KERNELS)")
         local sizes="float32:64 float32:128 float64:64 float64:128"
     fi
@@ -124,13 +135,14 @@ main() {
     setup_python
     record_machine
     # limits that add up to under 8 minutes
-    step verify-cuda 150 verify_cuda
+    step verify-cuda 140 verify_cuda
     [ -n "$DRY_RUN" ] || step device-arrays 45 device_arrays
-    step atomics 75 atomics
+    step atomics 70 atomics
     local size
     for size in $sizes; do
-        step "bench-${size/:/-d}" 45 bench_vs_sdpa "${size%:*}" "${size#*:}"
+        step "bench-${size/:/-d}" 40 bench_vs_sdpa "${size%:*}" "${size#*:}"
     done
+    step bench-decode 30 bench_decode
     pack
     if [ ${#FAILED[@]} -gt 0 ]; then
         echo "failed steps: ${FAILED[*]}"
