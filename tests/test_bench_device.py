@@ -48,6 +48,7 @@ def test_the_worker_times_device_arrays_by_the_device_clock(session_build_dir, c
     assert [r["record"] for r in records] == ["roof", "device_roof", "result", "result"]
     assert records[1]["device"] == DEVICE.name and records[1]["copy_gbs"] > 0
     assert [r["lang"] for r in records[2:]] == ["cuda-emulated", "torch"]
+    assert records[2]["params"] == {"heads": 1}  # the GPU's defaults, not the CPU's 4
     # warm-up and repeats of both calls, and the roof's copies, all on the device's clock
     assert len(clocked) >= 2 * (1 + 2)
     outs = made[0]  # our kernel's outputs: in the device's memory
@@ -71,7 +72,7 @@ def test_the_report_relates_device_results_to_the_copy_bandwidth(tmp_path):
                  setting={}, repeats=1, warmup=0, q1_s=1.0, q3_s=1.0, min_s=1.0)
     results.append(dict(record="device_roof", device="GPU", copy_gbs=100.0, copy_bytes=1 << 30))
     results.append(dict(group, record="result", variant="split", lang="cuda", median_s=1.0,
-                        gbs=70.0))
+                        gbs=280.0, min_gbs=70.0))
     results.append(dict(group, record="result", variant=None, lang="torch", median_s=2.0))
     text = report.write(out).read_text()
     assert "- GPU: copy 100.0 GB/s" in text and "% copy" in text

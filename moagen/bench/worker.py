@@ -59,14 +59,17 @@ def run(job):
                           **({"compile_s": first[lang]} if lang in first else {}))
             _emit(dict(record="result", kernel=kernel, variant=variant if ours else None,
                        lang=lang, dtype=dtype, sizes=sizes, **stats,
-                       **(dict(_schedule(kernel, variant, *params), **alongside) if ours else
+                       **(dict(_schedule(kernel, variant, lang, *params), **alongside) if ours else
                           theirs)))
 
 
-def _schedule(kernel, variant, params=None):
-    """The schedule parameters a result ran with, and whether `moagen tune` chose them."""
+def _schedule(kernel, variant, lang, params=None):
+    """The schedule parameters a result ran with (its target's defaults, a GPU's for CUDA),
+    and whether `moagen tune` chose them."""
     from moagen.kernels import get_kernel
-    return dict(params=get_kernel(kernel).variant(variant).params(params), tuned=bool(params))
+    from moagen.targets import get_target
+    chosen = get_kernel(kernel).variant(variant).params(params, get_target(lang).kind)
+    return dict(params=chosen, tuned=bool(params))
 
 
 def _call(fn, args, out, scalars, calls):
