@@ -7,7 +7,9 @@
 #   3. `moagen bench --lang cuda` against PyTorch's SDPA on the same GPU, float32 and float64,
 #      d 64 and 128, n 1024 to 16384, by CUDA events on device-resident arrays; and decode
 #      (flash-decoding's split) against SDPA and the device's copy bandwidth;
-# results, summaries and plots under OUT, packed into one archive (gpu-results.tar.gz).
+# results, summaries and plots under WORK, packed into one archive in OUT
+# (gpu-results.tar.gz) next to the machine, verification, atomics and bench summaries: a
+# device machine hands back a few files of OUT, not a tree.
 #
 #   bench/gpu.sh prepare            # here, with network: the wheels the GPU machine lacks
 #   OUT=/some/dir bench/gpu.sh      # there: carry wheelhouse/ with the working tree
@@ -43,17 +45,17 @@ setup_python() {
     export MOAGEN_NVCCFLAGS=${MOAGEN_NVCCFLAGS:--O3 -arch=sm_90}
 }
 
-# step NAME SECONDS FUNCTION [ARGS...]: one step under its limit, its output in OUT/NAME.txt
+# step NAME SECONDS FUNCTION [ARGS...]: one step under its limit, its output in WORK/NAME.txt
 step() {
     local name=$1 limit=$(($2 * LIMIT_SCALE)) start=$SECONDS
     shift 2
     echo "== $name (limit ${limit}s): $*"
     export -f "$1"
-    if timeout "$limit" bash -c '"$@"' step "$@" > "$OUT/$name.txt" 2>&1; then
+    if timeout "$limit" bash -c '"$@"' step "$@" > "$WORK/$name.txt" 2>&1; then
         echo "   ok in $((SECONDS - start)) s"
     else
-        echo "   FAILED ($?) after $((SECONDS - start)) s; the end of $OUT/$name.txt:"
-        tail -n 25 "$OUT/$name.txt" | sed 's/^/   | /'
+        echo "   FAILED ($?) after $((SECONDS - start)) s; the end of $WORK/$name.txt:"
+        tail -n 25 "$WORK/$name.txt" | sed 's/^/   | /'
         FAILED+=("$name")
     fi
 }
@@ -63,8 +65,8 @@ record_machine() {
       nvcc --version | tail -n 2 || true
       "$PY" -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)"
       "$PY" -m pip list 2>/dev/null | grep -iE '^(cuda-bindings|cupy|cffi) ' || true
-    } > "$OUT/machine.txt" 2>&1
-    cat "$OUT/machine.txt"
+    } > "$WORK/machine.txt" 2>&1
+    cat "$WORK/machine.txt"
 }
 
 # every kernel variant (of VERIFY_KERNELS), both dtypes, a process each, in parallel: the
@@ -74,9 +76,9 @@ verify_cuda() {
 for k in sys.argv[1:]: print(*(f'{k} {v}' for v in get_kernel(k).variants), sep='\n')" \
         $VERIFY_KERNELS |
         xargs -P "$JOBS" -L 1 sh -c '"$0" -m moagen.cli verify --lang "$CUDA" "$1" --variant "$2" \
-            > "$OUT/verify/$1-$2.txt" 2>&1 || echo "$1 $2" >> "$OUT/verify/failed"
-            cat "$OUT/verify/$1-$2.txt"' "$PY"
-    [ ! -e "$OUT/verify/failed" ]
+            > "$WORK/verify/$1-$2.txt" 2>&1 || echo "$1 $2" >> "$WORK/verify/failed"
+            cat "$WORK/verify/$1-$2.txt"' "$PY"
+    [ ! -e "$WORK/verify/failed" ]
 }
 
 device_arrays() {
@@ -85,54 +87,59 @@ device_arrays() {
 
 atomics() {
     "$PY" -m moagen.cli bench atomics --lang "$CUDA" --n $ATOMICS_N $DRY_RUN \
-        --out "$OUT/atomics.jsonl"
+        --out "$WORK/atomics.jsonl"
 }
 
 # attention forward against SDPA on the same GPU: bench_vs_sdpa DTYPE D
 bench_vs_sdpa() {
     "$PY" -m moagen.cli bench --lang "$CUDA" --kernels $BENCH_KERNELS --dtype "$1" --size d="$2" \
         --n $BENCH_N --threads "$JOBS" --baselines torch --untuned $DRY_RUN \
-        --out "$OUT/bench-$1-d$2.jsonl"
+        --out "$WORK/bench-$1-d$2.jsonl"
 }
 
 # decode, a memory-bound kernel: its GB/s against the device's copy bandwidth (% copy)
 bench_decode() {
     "$PY" -m moagen.cli bench --lang "$CUDA" --kernels attention_decode:split --dtype float32 \
         --n $DECODE_N --threads "$JOBS" --baselines torch --untuned $DRY_RUN \
-        --out "$OUT/bench-decode.jsonl"
+        --out "$WORK/bench-decode.jsonl"
 }
 
 # summaries and plots of whatever was measured (a step cut short writes none itself), then
-# one archive: what comes back from the machine is a few files
+# into OUT: one archive of everything, and the texts to read first
 pack() {
     local results
-    for results in "$OUT"/*.jsonl; do
+    for results in "$WORK"/*.jsonl; do
         [ -e "$results" ] && "$PY" -m moagen.cli report "$results" > /dev/null
     done
-    tar -czf /tmp/gpu-results.tar.gz -C "$OUT" . && mv /tmp/gpu-results.tar.gz "$OUT/"
-    echo "results in $OUT/gpu-results.tar.gz"
+    tar -czf "$OUT/gpu-results.tar.gz" -C "$WORK" .
+    cp "$WORK"/machine.txt "$WORK"/verify-cuda.txt "$WORK"/atomics.txt "$OUT"/ 2>/dev/null
+    cat "$WORK"/bench-*/summary.md > "$OUT/bench-summary.md" 2>/dev/null
+    echo "results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 }
 
 main() {
-    export OUT=${OUT:-bench-results/gpu} PY
+    export OUT=${OUT:-bench-results/gpu} WORK=${WORK:-/tmp/moagen-gpu} PY
     SITE=${SITE:-/tmp/moagen-site}
     export JOBS=$(nproc)
-    mkdir -p "$OUT/verify"
+    rm -rf "$WORK"
+    mkdir -p "$OUT" "$WORK/verify"
     if [ "${1:-}" = --dry-run ]; then
         # the CUDA emulation in the GPU's place; the same commands, sizes a 2-core machine runs
         export CUDA=cuda-emulated DRY_RUN=--dry-run ATOMICS_N="16" BENCH_N="32 64" DECODE_N="40"
         LIMIT_SCALE=4  # a shared 2-core machine running a GPU's threads
-        export VERIFY_KERNELS="rmsnorm_fwd attention_decode"  # every kernel: make test does
+        local kernels="rmsnorm_fwd attention_decode"  # all: make verify-cuda-emulated
         local sizes="float32:16 float64:16"
     else
         export CUDA=cuda DRY_RUN= ATOMICS_N="256 1024 2048" BENCH_N="1024 2048 4096 8192 16384"
         export DECODE_N="8192 32768"
         LIMIT_SCALE=1
-        export VERIFY_KERNELS=$("$PY" -c "from moagen.kernels import KERNELS; print(*KERNELS)")
+        local kernels=all
         local sizes="float32:64 float32:128 float64:64 float64:128"
     fi
     export BENCH_KERNELS="attention_fwd:online"
     setup_python
+    [ "$kernels" != all ] || kernels=$("$PY" -c "from moagen.kernels import KERNELS; print(*KERNELS)")
+    export VERIFY_KERNELS=$kernels
     record_machine
     # limits that add up to under 8 minutes
     step verify-cuda 140 verify_cuda

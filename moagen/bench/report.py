@@ -116,7 +116,8 @@ def write(path, run=None, out_dir=None) -> Path:
              "bytes the call must move (each element read or written once) per second, over "
              "the device's copy bandwidth; "
              "numpy/this, torch/this and compiled/this: the baseline's time over ours on the same "
-             "inputs, measured in a process of their own (above 1: ours is faster).", "",
+             "inputs, measured in a process of their own (on a GPU in the same rounds; above 1: ours "
+             "is faster).", "",
              table(results, device_gbs), ""]
     listed = baselines(results)
     text += ["## What each baseline computes", "", listed, ""] if listed else []
