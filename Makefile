@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 MOAGEN := $(VENV)/bin/moagen
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks test bench clean
+.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks gpu-dry-run test bench clean
 
 all: generated build
 
@@ -26,24 +26,7 @@ verify: $(VENV)/.installed
 verify-cuda-emulated: $(VENV)/.installed  # every CUDA kernel run on the host, no GPU needed
 	$(MOAGEN) verify --lang cuda --emulate
 
-# OpenACC C and Fortran with gcc's nvptx offloading (apt-get install gcc-12-offload-nvptx),
-# run on the host where there is no GPU; and their device code side by side (docs/OPENACC.md)
-build-openacc: $(VENV)/.installed
-	$(MOAGEN) build --lang openacc-c --lang openacc-fortran
-
-verify-openacc: $(VENV)/.installed
-	$(MOAGEN) verify --lang openacc-c --lang openacc-fortran
-
-ptx-openacc: $(VENV)/.installed
-	$(MOAGEN) bench c-vs-fortran --target openacc --ptx
-
-# the distributed kernels on 1..4 MPI ranks (oversubscribed past the cores: one thread a
-# rank), C and Fortran, both dtypes; OpenMPI refuses root unless told twice
-RANKS ?= 1 2 3 4
-verify-ranks: $(VENV)/.installed
-	set -e; for p in $(RANKS); do \
-	  OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-	  mpirun --oversubscribe -np $$p $(MOAGEN) verify --ranks; done
+.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks gpu-dry-run test bench clean
 
 test: $(VENV)/.installed
 	$(PYTHON) -m pytest -q

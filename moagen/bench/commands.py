@@ -26,10 +26,11 @@ def add_parsers(bench, benchmarks, top):
                        metavar="NAME=VALUE", help="another size for the kernels that have it "
                                                   "(heads=8, d=128); repeatable")
     bench.add_argument("--baselines", nargs="*", choices=BASELINES,
-                       default=list(DEFAULT_BASELINES),
                        help="which baselines run next to ours: the numpy reference, the PyTorch "
                             "a user would write, and that PyTorch under torch.compile (default: "
-                            f"{' and '.join(DEFAULT_BASELINES)}; none with no name)")
+                            f"{' and '.join(DEFAULT_BASELINES)}; torch alone for CUDA, on the "
+                            "same GPU; none with no name)")
+    _dry_run_option(bench)
     bench.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON-lines file, appended to")
     from moagen.bench.tune import DEFAULT_FILE
     bench.add_argument("--tuning", type=Path, default=DEFAULT_FILE,
@@ -70,6 +71,7 @@ def add_parsers(bench, benchmarks, top):
                                               "separate forward and backward")
     p.add_argument("--n", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--lang", action="append", metavar="LANG", help="default: c (and cuda with a GPU)")
+    _dry_run_option(p)
     _experiment_options(p, "atomics")
 
     p = benchmarks.add_parser("topology", help="paper V, result 2: decode over threads, binding, "
@@ -116,6 +118,12 @@ def add_parsers(bench, benchmarks, top):
     p.add_argument("--ring-n", type=int, default=65536,
                    help="with --ring: the sequence measured (default: %(default)s)")
     p.set_defaults(run=_run("moagen.bench.slurm"))
+
+
+def _dry_run_option(p):
+    p.add_argument("--dry-run", action="store_true",
+                   help="every call once, to check the run end to end before a GPU is at hand "
+                        "(cuda-emulated allowed); the times mean nothing")
 
 
 def _experiment_options(p, module):

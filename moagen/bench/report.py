@@ -1,6 +1,7 @@
 """`moagen report RESULTS`: a markdown summary and plots of one run of a JSON-lines results
 file (the latest by default): time against n per variant and language, thread scaling,
-and a roofline under this machine's measured roofs (triad bandwidth, GEMM peak)."""
+and a roofline under this machine's measured roofs (triad bandwidth, GEMM peak; on a GPU
+also the device's copy bandwidth, the memory roof of the kernels measured there)."""
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -52,16 +53,20 @@ def _impl(r):
     return f"{r['variant']} {r['lang']}{chosen}"
 
 
-def table(results) -> str:
+def table(results, device_gbs=None) -> str:
+    """device_gbs: the copy bandwidth of the device the results ran on, None on the host."""
     ratios = [f"{b}/this" for b in cases.BASELINES]
+    roof = "% copy" if device_gbs else "% triad"
     lines = ["| " + " | ".join(["kernel", "impl", "n", "threads", "median ms", "IQR %", "GFLOP/s",
-                                "GB/s", "% triad"] + ratios) + " |",
+                                "GB/s", roof] + ratios) + " |",
              "| --- " * (9 + len(ratios)) + "|"]
     fmt = lambda x, f: "-" if x is None else format(x, f)
     for r in with_ratios(results):
         spread = 100 * (r["q3_s"] - r["q1_s"]) / r["median_s"]
-        triad = r.get("triad_gbs_alongside")
-        share = 100 * r["gbs"] / triad if triad and r.get("gbs") is not None else None
+        # on a device: the bytes the call must move, against the copy's (moagen.bench.rates)
+        moved = r.get("min_gbs") if device_gbs else r.get("gbs")
+        bandwidth = device_gbs or r.get("triad_gbs_alongside")
+        share = 100 * moved / bandwidth if bandwidth and moved is not None else None
         lines.append(f"| {r['kernel']} | {_impl(r)} | {r['sizes']['n']} | {r['threads']} | "
                      f"{r['median_s'] * 1e3:.3f} | {spread:.0f} | {fmt(r.get('gflops'), '.2f')} | "
                      f"{fmt(r.get('gbs'), '.2f')} | {fmt(share, '.0f')} | " +
@@ -95,17 +100,25 @@ def write(path, run=None, out_dir=None) -> Path:
         raise MoagenError(f"cannot write the report to {out_dir}: {error.strerror}") from error
     results = [r for r in records if r["record"] == "result"]
     roofs = [r for r in records if r["record"] == "roof"]
+    device_roofs = [r for r in records if r["record"] == "device_roof"]
+    device_gbs = max((r["copy_gbs"] for r in device_roofs), default=None)
     figures = _plots(results, roofs, out_dir)
     text = [f"# Benchmark run {head['run']}", "", f"Machine: {machine_summary(head['machine'])}",
             "", f"Command: `{' '.join(head['command'])}`", "", "## Measured roofs", ""]
     text += [f"- {r['threads']} thread(s): STREAM triad {r['triad_gbs']:.1f} GB/s, "
              f"GEMM (fp64) {r['gemm_gflops']:.1f} GFLOP/s" for r in roofs]
+    text += [f"- {r['device']}: copy {r['copy_gbs']:.1f} GB/s (bytes read and written, "
+             f"{r['copy_bytes'] >> 20} MiB copied within the device)" for r in device_roofs]
     text += ["", "## Results", "", "Median of the repeats after warm-up; IQR: interquartile range "
              "over the median; % triad: GB/s over the bandwidth of a STREAM triad timed in the same "
-             "rounds as the kernel (a bandwidth-bound kernel's share of the memory roof); "
+             "rounds as the kernel (a bandwidth-bound kernel's share of the memory roof); % copy, "
+             "for kernels run on a GPU (timed by CUDA events, their arrays on the GPU): the "
+             "bytes the call must move (each element read or written once) per second, over "
+             "the device's copy bandwidth; "
              "numpy/this, torch/this and compiled/this: the baseline's time over ours on the same "
-             "inputs, measured in a process of their own (above 1: ours is faster).", "",
-             table(results), ""]
+             "inputs, measured in a process of their own (on a GPU in the same rounds; above 1: ours "
+             "is faster).", "",
+             table(results, device_gbs), ""]
     listed = baselines(results)
     text += ["## What each baseline computes", "", listed, ""] if listed else []
     text += [f"![{f.stem}]({f.name})" for f in figures]

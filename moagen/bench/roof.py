@@ -1,7 +1,8 @@
 """The machine's own roofs, measured: memory bandwidth by a STREAM triad (a = b + s*c,
 24 bytes an element, arrays far larger than the caches) and peak flops by a BLAS GEMM
 (numpy's matmul), both at the process's thread count. The best of a few runs counts, as
-in STREAM. The GEMM runs first: OpenMP threads left spinning after the triad slow it."""
+in STREAM. The GEMM runs first: OpenMP threads left spinning after the triad slow it.
+On a device (a GPU), its copy bandwidth: a device-to-device copy, by the device's clock."""
 import time
 
 import numpy as np
@@ -40,3 +41,15 @@ def measure(quick=False) -> dict:
     triad_s = _best(triad, 5 if quick else 10)
     return dict(triad_gbs=triad_bytes / triad_s / 1e9, gemm_gflops=2 * m ** 3 / gemm_s / 1e9,
                 triad_elements=n, gemm_n=m)
+
+
+def device_copy(device, quick=False) -> dict:
+    """A device's memory bandwidth, as a copy within it moves bytes (each byte read and
+    written: twice the array), far larger than its caches; the best of a few copies."""
+    from moagen.bind.cuda_arrays import DeviceArray
+    nbytes = 1 << (26 if quick else 31)  # 64 MiB (2 GiB) an array; an H200's L2: 60 MB
+    source, destination = (DeviceArray(device, (nbytes,), np.uint8) for _ in range(2))
+    device.copy(destination, source)  # first touch, outside the timing
+    seconds = min(device.elapsed(lambda: device.copy(destination, source))
+                  for _ in range(3 if quick else 10))
+    return dict(copy_gbs=2 * nbytes / seconds / 1e9, copy_bytes=nbytes)

@@ -13,6 +13,7 @@ import numpy as np
 from moagen import reference_block
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
+from moagen.onf.gpu_blocks import GpuBlocks
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import Scalar, array, dim, lift, named, psi, reduce, rsqrt
 from moagen.moa.spec import KernelSpec, Output
@@ -71,14 +72,19 @@ def positive_eps(kernel):
 
 
 ROW_SPACE = {"rows": (1, 2, 4)}
+ROW_THREADS = 256  # a row's block on a GPU: a row of 1024 features is 4 a thread
 
 
 def _one_pass(rows):
     """One pass per row: the statistic is stored and used while the row is in cache (rows >
-    1: a few rows at a time, their sums of squares independent chains of adds)."""
+    1: a few rows at a time, their sums of squares independent chains of adds). On a GPU a
+    thread block per row, its threads sharing the row's features: the sum of squares a
+    block-wide reduction (one thread a row would leave most of a GPU idle at batch * n rows
+    and read a row's features a thread apart, uncoalesced)."""
     return Layers(algorithm=(FuseNests(("inv_rms", "z"), over=ROWS, name="rows"), Hoist()),
                   schedule=(LowerReductions(), *rows_together("rows", "i", rows)),
-                  mapping=cpu(Parallel(ROWS[:-1] + (tiled("i", rows),), nest="rows")))
+                  mapping={"cpu": (Parallel(ROWS[:-1] + (tiled("i", rows),), nest="rows"),),
+                           "cuda": (GpuBlocks(ROWS, nest="rows", block=ROW_THREADS, across="c"),)})
 
 
 FORWARD_VARIANTS = {
