@@ -11,7 +11,8 @@ the read-only path (LDG.E.CONSTANT) among the loads, which ptxas may take where 
 an array read-only. All static counts: instructions in the code, not executed ones.
 
 Without --ptx, on a GPU: the three timed next to the CUDA kernel of the same variant (each
-call moves its arrays to the device and back, the OpenACC data region as the CUDA binding does for numpy arrays)."""
+call moves its arrays to the device and back, the OpenACC data region as the CUDA binding
+does for numpy arrays)."""
 import hashlib
 import os
 import re
