@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 MOAGEN := $(VENV)/bin/moagen
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks test bench clean
+.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks test bench example-lm clean
 
 all: generated build
 
@@ -50,6 +50,10 @@ test: $(VENV)/.installed
 
 bench: $(VENV)/.installed  # the full sweep; BENCH_ARGS=--quick for a sanity run
 	$(MOAGEN) bench $(BENCH_ARGS)
+
+example-lm: $(VENV)/.installed  # moagen.torch on a tiny char LM against PyTorch (minutes)
+	$(PYTHON) examples/train_tiny_lm.py $(EXAMPLE_ARGS)
+	$(PYTHON) examples/train_tiny_lm.py --memory 4096 $(EXAMPLE_ARGS)
 
 clean:
 	rm -rf build
