@@ -53,7 +53,7 @@ bench: $(VENV)/.installed  # the full sweep; BENCH_ARGS=--quick for a sanity run
 
 example-lm: $(VENV)/.installed  # moagen.torch on a tiny char LM against PyTorch (minutes)
 	$(PYTHON) examples/train_tiny_lm.py $(EXAMPLE_ARGS)
-	$(PYTHON) examples/train_tiny_lm.py --memory 4096 $(EXAMPLE_ARGS)
+	$(PYTHON) examples/train_tiny_lm.py --memory 2048 4096
 
 clean:
 	rm -rf build

@@ -3,7 +3,7 @@
 then text generated through each one's KV-cache decode path with the same seed.
 
     python examples/train_tiny_lm.py [--steps 300] [--dtype float64 float32] [--out DIR]
-    python examples/train_tiny_lm.py --memory 4096      # attention's peak memory at n = 4096
+    python examples/train_tiny_lm.py --memory 2048 4096   # attention's peak memory at these n
 
 The corpus is Python's own help text (pydoc_data.topics, in the standard library), its
 first --chars characters. The model: token and position embeddings, --layers pre-norm
@@ -294,22 +294,24 @@ def attention_peak(name, n, heads, d, dtype, lang):
 
 
 def measure_memory(args, heads=8, d=64):
+    """Each side's peak at each length: O(n d) memory doubles with n, O(n^2) quadruples."""
     results = {}
     for dtype in args.dtype:
-        peaks = results[dtype] = {}
-        for name in OPERATORS:
-            out = subprocess.run([sys.executable, __file__, "--peak-of", name, "--memory",
-                                  str(args.memory), "--lang", args.lang, "--dtype", dtype],
-                                 capture_output=True, text=True, check=True)
-            peaks[name] = float(out.stdout.split()[-1])
-        size = DTYPES[dtype].itemsize
-        outputs_mib = 4 * heads * args.memory * d * size / 2 ** 20  # O, dQ, dK, dV
-        scores_mib = heads * args.memory ** 2 * size / 2 ** 20
-        print(f"attention forward + backward, causal, {heads} heads x n = {args.memory} x "
-              f"d = {d}, {dtype}: peak resident memory over the inputs: moagen "
-              f"{peaks['moagen']:.1f} MiB, PyTorch (SDPA) {peaks['pytorch']:.1f} MiB; for scale, "
-              f"the n x n scores of every head would take {scores_mib:.0f} MiB, the outputs O, "
-              f"dQ, dK, dV {outputs_mib:.0f} MiB")
+        for n in args.memory:
+            peaks = results.setdefault(dtype, {})[n] = {}
+            for name in OPERATORS:
+                out = subprocess.run([sys.executable, __file__, "--peak-of", name, "--memory",
+                                      str(n), "--lang", args.lang, "--dtype", dtype],
+                                     capture_output=True, text=True, check=True)
+                peaks[name] = float(out.stdout.split()[-1])
+            size = DTYPES[dtype].itemsize
+            outputs_mib = 4 * heads * n * d * size / 2 ** 20  # O, dQ, dK, dV
+            scores_mib = heads * n ** 2 * size / 2 ** 20
+            print(f"attention forward + backward, causal, {heads} heads x n = {n} x d = {d}, "
+                  f"{dtype}: peak resident memory over the inputs: moagen "
+                  f"{peaks['moagen']:.1f} MiB, PyTorch (SDPA) {peaks['pytorch']:.1f} MiB; for "
+                  f"scale, the n x n scores of every head would take {scores_mib:.0f} MiB, the "
+                  f"outputs O, dQ, dK, dV {outputs_mib:.0f} MiB")
     return results
 
 
@@ -332,8 +334,8 @@ def parse(argv=None):
     p.add_argument("--generate", type=int, default=56)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench-results/tiny-lm"))
-    p.add_argument("--memory", type=int, metavar="N",
-                   help="measure attention's peak memory at length N instead of training")
+    p.add_argument("--memory", type=int, nargs="+", metavar="N",
+                   help="measure attention's peak memory at lengths N instead of training")
     p.add_argument("--peak-of", choices=OPERATORS, help=argparse.SUPPRESS)  # one side, in a child
     return p.parse_args(argv)
 
@@ -341,7 +343,7 @@ def parse(argv=None):
 def main(argv=None):
     args = parse(argv)
     if args.peak_of:
-        print(attention_peak(args.peak_of, args.memory, 8, 64, args.dtype[0], args.lang))
+        print(attention_peak(args.peak_of, args.memory[0], 8, 64, args.dtype[0], args.lang))
         return 0
     if args.memory:
         results = {"peak_mib": measure_memory(args)}
