@@ -4,6 +4,7 @@ then text generated through each one's KV-cache decode path with the same seed.
 
     python examples/train_tiny_lm.py [--steps 300] [--dtype float64 float32] [--out DIR]
     python examples/train_tiny_lm.py --memory 2048 4096   # attention's peak memory at these n
+    python examples/train_tiny_lm.py --compile          # moagen's model under torch.compile
 
 The corpus is Python's own help text (pydoc_data.topics, in the standard library), its
 first --chars characters. The model: token and position embeddings, --layers pre-norm
@@ -143,7 +144,8 @@ def corpus(chars):
     from pydoc_data.topics import topics
     text = "".join(topics[key] for key in sorted(topics))[:chars]
     vocab = sorted(set(text))
-    return text, vocab, torch.tensor([vocab.index(c) for c in text])
+    index = {c: i for i, c in enumerate(vocab)}
+    return text, vocab, torch.tensor([index[c] for c in text])
 
 
 def progress(step, total, loss, started, label, width=30):
@@ -154,9 +156,13 @@ def progress(step, total, loss, started, label, width=30):
           file=sys.stderr, flush=True)
 
 
-def train(model, ops, data, args, label):
+def train(model, ops, data, args, label, compiled=False):
     """Losses and step times; the batches come from a generator seeded the same for every
-    run."""
+    run. compiled: the model's forward (and so its backward) under
+    torch.compile(fullgraph=True), Inductor; its first step includes the compile."""
+    forward = lambda tokens: model(ops, tokens)
+    if compiled:
+        forward = torch.compile(forward, fullgraph=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     batches = torch.Generator().manual_seed(args.seed)
     losses, times = [], []
@@ -165,7 +171,7 @@ def train(model, ops, data, args, label):
         starts = torch.randint(len(data) - args.context - 1, (args.batch,), generator=batches)
         window = torch.stack([data[s:s + args.context + 1] for s in starts.tolist()])
         tick = time.perf_counter()
-        logits = model(ops, window[:, :-1])
+        logits = forward(window[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten())
         optimizer.zero_grad()
         loss.backward()
@@ -200,7 +206,8 @@ def run(args):
     text, vocab, data = corpus(args.chars)
     print(f"corpus: {len(text)} characters of pydoc_data.topics, {len(vocab)} symbols; "
           f"{args.steps} steps of {args.batch} x {args.context} tokens, {args.threads} threads")
-    results = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "runs": {}}
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    results = {"args": settings, "runs": {}}
     for dtype in args.dtype:
         torch.manual_seed(args.seed)
         initial = TinyLM(len(vocab), args.context, args.d_model, args.heads, args.kv_heads,
@@ -210,7 +217,8 @@ def run(args):
                            args.d_ff, args.layers, DTYPES[dtype])
             model.load_state_dict(initial)
             ops = operators(args.lang)
-            losses, times = train(model, ops, data, args, f"{name} {dtype}")
+            losses, times = train(model, ops, data, args, f"{name} {dtype}",
+                                  compiled=args.compile and name == "moagen")
             prompt = [vocab.index(c) for c in args.prompt]
             tokens = generate(model, ops, prompt, args.generate, args.seed)
             results["runs"][f"{name} {dtype}"] = {
@@ -333,6 +341,8 @@ def parse(argv=None):
     p.add_argument("--prompt", default="The ")
     p.add_argument("--generate", type=int, default=56)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile", action="store_true",
+                   help="train the moagen model under torch.compile(fullgraph=True)")
     p.add_argument("--out", type=Path, default=Path("bench-results/tiny-lm"))
     p.add_argument("--memory", type=int, nargs="+", metavar="N",
                    help="measure attention's peak memory at lengths N instead of training")
