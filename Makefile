@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 MOAGEN := $(VENV)/bin/moagen
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks gpu-dry-run test bench clean
+.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks gpu-dry-run test bench example-lm clean
 
 all: generated build
 
@@ -33,6 +33,10 @@ test: $(VENV)/.installed
 
 bench: $(VENV)/.installed  # the full sweep; BENCH_ARGS=--quick for a sanity run
 	$(MOAGEN) bench $(BENCH_ARGS)
+
+example-lm: $(VENV)/.installed  # moagen.torch on a tiny char LM against PyTorch (minutes)
+	$(PYTHON) examples/train_tiny_lm.py $(EXAMPLE_ARGS)
+	$(PYTHON) examples/train_tiny_lm.py --memory 2048 4096
 
 clean:
 	rm -rf build
