@@ -8,12 +8,13 @@ the output gradient dO (per batch and head; optionally causal):
     dQ = scale * dS K,      dK = scale * dS^T Q
 """
 from moagen import reference
-from moagen.kernels.attention import K, Q, V, causal_mask
+from moagen.kernels import attention
 from moagen.kernels.attention import (CHECK_SIZES, ON_HEADS, K, Q, V, causal_mask,
                                       softmax_scale)
 from moagen.kernels.cases import Check, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.moa.expr import Scalar, array, exp, inner, lift, named, omega, psi, reduce, transpose
+from moagen.moa.grad import grad
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests, Scatter
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
@@ -78,6 +79,23 @@ VARIANTS = {
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]
 
+# the backward derived from the forward (moagen.moa.grad), with the hand-written one's inputs
+# in its order; its intermediates are named after the forward's: probs, and dscores the
+# cotangent of the scores (dS / scale)
+WRT = {"Q": QUERY_ROWS + ("c",), "K": KEY_ROWS + ("c",), "V": KEY_ROWS + ("c",)}
+
+
+def derived(causal: bool, name=None) -> KernelSpec:
+    return grad(attention.spec(causal), wrt=WRT, cotangents=("O",), name=name,
+                order=[a.name for a in (Q, K, V, O, DO, LSE)])
+
+
+DERIVED_VARIANTS = dict(VARIANTS, naive=(frozenset({"probs", "dscores", "delta"}), Layers(
+    algorithm=(Hoist(),),
+    mapping=cpu(*(Parallel(QUERY_ROWS, nest=n) for n in ("probs", "dscores", "delta")),
+                *OWNERS))))
+KERNELS += [(derived(False), DERIVED_VARIANTS), (derived(True), DERIVED_VARIANTS)]
+
 
 def _forward_of(causal):
     """The backward's O and lse, computed from its Q, K and V in float64."""
@@ -97,3 +115,7 @@ BENCH = {name: ON_HEADS.measured_against(
              "sdpa_bwd", "dQ, dK, dV by autograd of F.scaled_dot_product_attention, the "
                          "forward recomputed (O, lse unused)", causal=causal)
          for name, causal in (("attention_bwd", False), ("attention_bwd_causal", True))}
+# the derived kernels take the same inputs, in the same order
+for _causal in ("", "_causal"):
+    CHECKS[f"attention_fwd{_causal}_vjp"] = CHECKS[f"attention_bwd{_causal}"]
+    BENCH[f"attention_fwd{_causal}_vjp"] = BENCH[f"attention_bwd{_causal}"]

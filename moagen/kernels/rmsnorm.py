@@ -14,6 +14,7 @@ from moagen import reference_block
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
+from moagen.moa.grad import grad
 from moagen.moa.expr import Scalar, array, dim, lift, named, psi, reduce, rsqrt
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests
@@ -112,7 +113,11 @@ APPLY = KernelSpec(
                     ("b", "i", "c")),),
 )
 
+# the backward derived from the forward (moagen.moa.grad): dz given, inv_rms kept
+VJP = grad(FORWARD, wrt={"x": ROWS + ("c",), "weight": ("c",)}, cotangents=("z",))
+
 KERNELS = [(FORWARD, FORWARD_VARIANTS, positive_eps("rmsnorm_fwd")), (_backward(), BACKWARD_VARIANTS),
+           (VJP, BACKWARD_VARIANTS),
            (APPLY, {"dnf": (frozenset(), Layers(mapping=cpu(Parallel(ROWS))))})]
 
 # What verification and the benchmarks run these kernels on (moagen.kernels.cases).
@@ -153,3 +158,5 @@ BENCH = {"rmsnorm_fwd": ROWS_OF_1024.measured_against(
                             "(inv_rms unused)", eps=EPS),
          "rmsnorm_apply": ROWS_OF_1024.measured_against(
              "rmsnorm_apply", "z = x * inv_rms * weight, two products")}
+CHECKS["rmsnorm_fwd_vjp"] = CHECKS["rmsnorm_bwd"]  # the same inputs, in the same order
+BENCH["rmsnorm_fwd_vjp"] = BENCH["rmsnorm_bwd"]

@@ -1,0 +1,524 @@
+"""Reverse-mode differentiation of a kernel spec: `grad(spec, wrt, cotangents)` is the spec
+of the vector-Jacobian product, itself a MoA spec (shape analysis, DNF, schedules and
+printers treat it as any other).
+
+The forward's outputs are lifted over the same leading axes (batch, heads: `Lift`); the
+body of one (b, h) is differentiated as an expression DAG, parents before children, each
+node's cotangent the sum of what its users send it, by one rule per node kind:
+
+    index access <v> psi A   ->  the adjoint of A at <v>: the body's cotangent, lifted over v;
+                                 lift axes A is not indexed by are summed (a weight's
+                                 gradient is a sum over rows)
+    A +.x B                  ->  dA = G +.x B^T,  dB = A^T +.x G
+    +/ along the last axis   ->  G, spread along that axis (a "cell", below)
+    omega(op, A, r)          ->  dA as elementwise; dr = the sum of G (x A) over the lifted axes
+    exp, log, rsqrt, silu    ->  G times the derivative, from the node's own value
+    where(cond, A, B)        ->  dA = where(cond, G, 0), dB = where(cond, 0, G)
+    softmax (stable)         ->  dS = P * omega(-, G, delta), delta = rowsum(G * P)
+
+A cotangent may be a *cell*: an expression of a prefix of the node's shape that stands for
+its broadcast over the trailing axes (the cotangent of a row sum is one number a row). It
+is combined with full arrays by omega, never materialized.
+
+The row max of a stable softmax is a shift that cancels (softmax and logsumexp do not
+change when every score of a row moves by the same amount), so the softmax is one rule and
+the max inside it gets no cotangent. A max anywhere else would need its argmax as a data
+dependent selection, which the IR has no node for: it is refused.
+
+Named intermediates keep their names; the cotangent of one called L is named dL, so that a
+variant can materialize it. The result is then rewritten by moagen.moa.rewrites into the
+memory-optimal form (saved statistics used, the softmax recomputed from its lse, attention's
+delta from the output).
+"""
+from dataclasses import dataclass
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+import sympy
+
+from moagen.errors import SpecError
+from moagen.moa import expr as E
+from moagen.moa.shape import shape_of
+from moagen.moa.spec import KernelSpec, Output
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """A derived backward: its spec, and the rewrites that shaped it (name, where applied)."""
+    spec: KernelSpec
+    rewrites: Tuple[Tuple[str, int], ...]
+
+
+def grad(spec: KernelSpec, wrt=None, cotangents=None, **options) -> KernelSpec:
+    """The vector-Jacobian product of `spec` as a KernelSpec; see `derive`."""
+    return derive(spec, wrt, cotangents, **options).spec
+
+
+def derive(spec: KernelSpec, wrt=None, cotangents: Optional[Sequence[str]] = None,
+           name: Optional[str] = None, rewrites=None, order=None) -> Derivation:
+    """Differentiate `spec`.
+
+    wrt: the inputs to differentiate with respect to, as names (the gradient's index names
+    derived from the outputs') or a mapping name -> index names; default every input.
+    cotangents: the outputs given a cotangent `d<output>` (an input of the result); default
+    every output. Every forward output may be read by the result (a saved statistic, the
+    output itself): the rewrites decide which are.
+    rewrites: the rewrite steps to apply (moagen.moa.rewrites.STEPS by default).
+    order: the result's inputs in this order (default: the forward's inputs, the saved
+    outputs it reads, the cotangents); those it does not read are left out."""
+    from moagen.moa import rewrites as R
+
+    spec.validate()
+    inputs = {a.name: a for a in spec.inputs}
+    wrt = _wrt_index(spec, wrt)
+    unknown = [w for w in wrt if w not in inputs]
+    if unknown:
+        raise SpecError(f"grad {spec.name}: wrt {unknown} are not inputs; inputs: "
+                        f"{', '.join(inputs)}")
+    outputs = {o.name: o for o in spec.outputs}
+    cotangents = tuple(cotangents or outputs)
+    unknown = [c for c in cotangents if c not in outputs]
+    if unknown:
+        raise SpecError(f"grad {spec.name}: cotangents for {unknown}, which are not outputs; "
+                        f"outputs: {', '.join(outputs)}")
+    lifts = {_lift_of(outputs[c]) for c in cotangents}
+    if len(lifts) != 1:
+        raise SpecError(f"grad {spec.name}: the outputs given cotangents are lifted over "
+                        f"different axes {sorted(lifts)}; differentiate them separately")
+    (lift,) = lifts
+    shapes = spec.output_shapes()
+    saved = {o: E.Array(o, shapes[o]) for o in outputs}
+    cot_arrays = {c: E.Array("d" + c, shapes[c]) for c in cotangents}
+    clash = {a.name for a in cot_arrays.values()} & (set(inputs) | set(outputs)
+                                                     | set(spec.scalars))
+    if clash:
+        raise SpecError(f"grad {spec.name}: the cotangent names {sorted(clash)} are taken")
+
+    adjoints = _Adjoints(lift)
+    for c in cotangents:
+        adjoints.seed(_body(outputs[c]), E.psi(lift.vars, cot_arrays[c]),
+                      outputs[c].index[len(lift.vars):])
+    leaves = adjoints.run()
+
+    context = R.Context(lift_vars=lift.vars,
+                        saved={o: (_body(outputs[o]), saved[o]) for o in outputs},
+                        cotangents={c: E.psi(lift.vars, cot_arrays[c]) for c in cotangents})
+    steps = R.STEPS if rewrites is None else rewrites
+    applied = {}
+    results = []
+    for w, index in wrt.items():
+        value = _gather(w, inputs[w], leaves, lift)
+        value, counts = R.rewrite(value, steps, context)
+        for step, count in counts.items():
+            applied[step] = applied.get(step, 0) + count
+        results.append(Output("d" + w, value, index))
+    used = {n.name for o in results for n in _arrays(o.value)}
+    new_inputs = [a for a in (*spec.inputs, *saved.values(), *cot_arrays.values())
+                  if a.name in used]
+    if order is not None:
+        missing = [a.name for a in new_inputs if a.name not in order]
+        if missing:
+            raise SpecError(f"grad {spec.name}: order leaves out the inputs {missing}")
+        new_inputs.sort(key=lambda a: list(order).index(a.name))
+    derived = KernelSpec(name=name or f"{spec.name}_vjp", inputs=tuple(new_inputs),
+                         scalars=tuple(s for s in spec.scalars
+                                       if any(n.name == s for o in results
+                                              for n in _walk(o.value)
+                                              if isinstance(n, E.Scalar))),
+                         outputs=tuple(results), given=spec.given)
+    derived.validate()
+    return Derivation(derived, tuple(applied.items()))
+
+
+@dataclass(frozen=True)
+class _Lift:
+    vars: Tuple[str, ...]
+    extents: E.Shape
+
+
+def _lift_of(output: Output) -> _Lift:
+    if isinstance(output.value, E.Lift):
+        return _Lift(output.value.vars, output.value.extents)
+    return _Lift((), ())
+
+
+def _body(output: Output) -> E.Expr:
+    return output.value.body if isinstance(output.value, E.Lift) else output.value
+
+
+def _wrt_index(spec, wrt) -> Dict[str, Tuple[str, ...]]:
+    """wrt as name -> the gradient's index names. A name alone takes, per axis, the index
+    name the outputs use for that size (the first output axis of that size), else a fresh
+    one."""
+    if isinstance(wrt, Mapping):
+        return {w: tuple(index) for w, index in wrt.items()}
+    names = {}
+    for o, shape in spec.output_shapes().items():
+        index = next(x.index for x in spec.outputs if x.name == o)
+        for dim, n in zip(shape, index):
+            names.setdefault(dim, n)
+    result = {}
+    for w in wrt or [a.name for a in spec.inputs]:
+        array = next((a for a in spec.inputs if a.name == w), None)
+        if array is None:
+            result[w] = ()
+            continue
+        index = []
+        for dim in array.shape:
+            n = names.get(dim, "k")
+            while n in index:
+                n += "2"
+            index.append(n)
+        result[w] = tuple(index)
+    return result
+
+
+# ---- the adjoint of one lifted body -----------------------------------------------------
+
+class _Adjoints:
+    def __init__(self, lift: _Lift):
+        self.lift = lift
+        self.cot: Dict[E.Expr, E.Expr] = {}
+        self.roots = []
+        self.named_of: Dict[E.Expr, E.Named] = {}
+        self.leaves: Dict[Tuple[str, Tuple], E.Expr] = {}
+        self.names: Dict[E.Expr, Tuple[str, ...]] = {}  # each node's axes, for loop names
+
+    def seed(self, body, cotangent, index):
+        self.roots.append(body)
+        self.names[body] = index
+        self._send(body, cotangent)
+
+    def run(self):
+        order = []
+        seen = set()
+        for root in self.roots:
+            _postorder(root, seen, order)
+        for node in order:
+            if isinstance(node, E.Named):
+                self.named_of.setdefault(node.value, node)
+        for node in reversed(order):
+            self.names.setdefault(node, _default_names(node))
+            for child, names in _child_names(node, self.names[node]):
+                self.names.setdefault(child, names)
+        for node in reversed(order):  # parents before children
+            if node in self.cot:
+                for child, contribution in self._pull(node, self.cot[node]):
+                    self._send(child, contribution)
+        return self.leaves
+
+    def _send(self, node, contribution):
+        self.cot[node] = _add(self.cot[node], contribution) if node in self.cot else contribution
+
+    def value(self, node):
+        """The node as the DAG names it (its Named wrapper), so that a rewrite or a variant
+        sees the intermediate where a rule reuses it."""
+        return self.named_of.get(node, node)
+
+    def _pull(self, node, g):
+        """[(child, its share of g)] for node with cotangent g (a cell of node's shape)."""
+        shape = shape_of(node)
+        if isinstance(node, (E.Array, E.Psi)):
+            self._leaf(node, g)
+            return []
+        if isinstance(node, (E.Const, E.Scalar, E.Dim, E.Iota)):
+            return []
+        if isinstance(node, E.Named):
+            softmax = _softmax_parts(node.value)
+            if _rank(g) == len(shape) and shape:
+                g = E.named("d" + node.label, g, node.index)
+            if softmax:
+                return self._softmax(node, softmax, g)
+            return [(node.value, g)]
+        if isinstance(node, E.BinOp):
+            left, right = node.left, node.right
+            if node.op == "+":
+                shares = [(left, g), (right, g)]
+            elif node.op == "-":
+                shares = [(left, g), (right, -g)]
+            elif node.op == "*":
+                shares = [(left, _times(g, self.value(right))),
+                          (right, _times(g, self.value(left)))]
+            elif node.op == "/":
+                r = self.value(right)
+                shares = [(left, _over(g, r)),
+                          (right, -_over(_times(g, self.value(left)), r * r))]
+            else:
+                raise SpecError(f"grad: no adjoint rule for {E.describe(node)} (elementwise "
+                                "max and min, comparisons)")
+            names = self.names[node]
+            return [(child, _fit(share, shape, child, names)) for child, share in shares]
+        if isinstance(node, E.Map):
+            return [(node.arg, self._map(node, g))]
+        if isinstance(node, E.Reduce):
+            rank = len(shape_of(node.array))
+            if node.op != "+":
+                raise SpecError(f"grad: {E.describe(node)}: a max is differentiable here only "
+                                "as the shift of a stable softmax (its argmax, a data dependent "
+                                "selection, has no node in the IR)")
+            if node.axis % rank != rank - 1:
+                raise SpecError(f"grad: {E.describe(node)}: only sums along the last axis have "
+                                "an adjoint rule (their cotangent is a cell)")
+            return [(node.array, g)]
+        if isinstance(node, E.Inner):
+            return self._inner(node, _full(g, shape, node))
+        if isinstance(node, E.Outer):
+            if node.op in E.COMPARISONS:
+                return []
+            return self._outer(node, _full(g, shape, node))
+        if isinstance(node, E.Omega):
+            return self._omega(node, g, shape)
+        if isinstance(node, E.Where):
+            g, names = _full(g, shape, node), self.names[node]
+            return [(node.then, _fit(E.where(node.cond, g, 0.0), shape, node.then, names)),
+                    (node.other, _fit(E.where(node.cond, 0.0, g), shape, node.other, names))]
+        if isinstance(node, E.Transpose):
+            inverse = [0] * len(node.perm)
+            for k, p in enumerate(node.perm):
+                inverse[p] = k
+            return [(node.array, _transpose(tuple(inverse), _full(g, shape, node)))]
+        raise SpecError(f"grad: no adjoint rule for {E.describe(node)} yet")
+
+    def _leaf(self, node, g):
+        if isinstance(node, E.Psi):
+            if not isinstance(node.array, E.Array):
+                raise SpecError(f"grad: {E.describe(node)} of a computed array has no adjoint "
+                                "rule; index named inputs only")
+            names = tuple(str(i) for i in node.index)
+            if not all(n in self.lift.vars for n in names) or \
+                    list(names) != sorted(names, key=self.lift.vars.index):
+                raise SpecError(f"grad: {E.describe(node)} {node.array.name}: only an index of "
+                                f"the lift variables {self.lift.vars}, in their order, has an "
+                                "adjoint rule")
+            array, key = node.array, (node.array.name, names)
+        else:
+            array, key = node, (node.name, ())
+        g = _full(g, shape_of(node), node)
+        self.leaves[key] = _add(self.leaves[key], g) if key in self.leaves else g
+
+    def _map(self, node, g):
+        y, x = self.value(node), self.value(node.arg)
+        if node.fn == "exp":
+            return _times(g, y)
+        if node.fn == "log":
+            return _over(g, x)
+        if node.fn == "sqrt":
+            return _over(_times(g, E.Const(0.5)), y)
+        if node.fn == "rsqrt":  # d x^(-1/2) = -1/2 x^(-3/2) = -1/2 y^3
+            return _times(g, -0.5 * (y * y * y))
+        if node.fn == "silu":  # sigmoid(x) (1 + x (1 - sigmoid(x)))
+            s = 1.0 / (1.0 + E.exp(-x))
+            return _times(g, s * (1.0 + x * (1.0 - s)))
+        if node.fn == "neg":
+            return -g
+        raise SpecError(f"grad: no adjoint rule for {E.describe(node)}")
+
+    def _inner(self, node, g):
+        if (node.add, node.mul) != ("+", "*"):
+            raise SpecError(f"grad: {E.describe(node)}: only +.* inner products have a rule")
+        left, right = self.value(node.left), self.value(node.right)
+        ranks = len(shape_of(left)), len(shape_of(right))
+        if not all(r in (1, 2) for r in ranks):
+            raise SpecError(f"grad: {E.describe(node)}: operands of rank 1 or 2 only")
+        # dA[p, k] = sum_q G[p, q] B[k, q];  dB[k, q] = sum_p A[p, k] G[p, q]
+        names = self.names[node]
+        d_left = (E.inner(g, _transpose((1, 0), right), var=names[-1], name="acc")
+                  if ranks[1] == 2 else E.outer("*", g, right))
+        d_right = (E.inner(_transpose((1, 0), left), g, var=names[0], name="acc")
+                   if ranks[0] == 2 else E.outer("*", left, g))
+        return [(node.left, d_left), (node.right, d_right)]
+
+    def _outer(self, node, g):
+        if node.op != "*" or len(shape_of(node.left)) != 1 or len(shape_of(node.right)) != 1:
+            raise SpecError(f"grad: {E.describe(node)}: only the outer product of two vectors "
+                            "has a rule")
+        names = self.names[node]
+        return [(node.left, E.inner(g, self.value(node.right), var=names[-1], name="acc")),
+                (node.right, E.inner(self.value(node.left), g, var=names[0], name="acc"))]
+
+    def _omega(self, node, g, shape):
+        array, cell = node.array, node.cell
+        k, names = len(shape_of(cell)), self.names[node]
+        if node.op == "+":
+            return [(array, g), (cell, _total(g, shape, k, names))]
+        if node.op == "-":
+            return [(array, g), (cell, -_total(g, shape, k, names))]
+        a, c = self.value(array), self.value(cell)
+        if node.op == "*":
+            return [(array, _times(g, c)), (cell, _total(_times(g, a), shape, k, names))]
+        if node.op == "/":
+            return [(array, _over(g, c)),
+                    (cell, -_total(_times(g, a), shape, k, names) / (c * c))]
+        raise SpecError(f"grad: no adjoint rule for {E.describe(node)}")
+
+    def _softmax(self, probs, parts, g):
+        """P = softmax(s) along the last axis: dS = P * omega(-, G, delta), delta = the row
+        sums of G * P (a Named row statistic, one number a row)."""
+        scores, _ = parts
+        shape = shape_of(probs)
+        g = _full(g, shape, probs)
+        rows = probs.index[:len(shape) - 1] if isinstance(probs, E.Named) else ("i",)
+        delta = E.named("delta", E.reduce("+", g * probs, axis=len(shape) - 1,
+                                          var=self.names[probs][-1], name="rowdot"),
+                        index=rows)
+        return [(scores, probs * _omega_op("-", g, delta))]
+
+
+def _default_names(node):
+    return tuple(f"k{a}" for a in range(_rank(node)))
+
+
+def _child_names(node, names):
+    """(child, the names of its axes) given node's axis names: an inner product's summed
+    axis is its var, a Named intermediate's axes are its own."""
+    if isinstance(node, E.Named):
+        own = node.index[:len(names)]
+        return [(node.value, own if len(own) == len(names) else names)]
+    if isinstance(node, E.Inner):
+        cut = _rank(node.left) - 1
+        return [(node.left, names[:cut] + (node.var,)), (node.right, (node.var,) + names[cut:])]
+    if isinstance(node, E.Outer):
+        cut = _rank(node.left)
+        return [(node.left, names[:cut]), (node.right, names[cut:])]
+    if isinstance(node, E.Reduce):
+        ax = node.axis % _rank(node.array)
+        return [(node.array, names[:ax] + (node.var,) + names[ax:])]
+    if isinstance(node, E.Transpose):
+        source = [None] * len(names)
+        for k, p in enumerate(node.perm):
+            source[p] = names[k]
+        return [(node.array, tuple(source))]
+    return [(child, names[:_rank(child)]) for _, child in node.children()]
+
+
+def _softmax_parts(node):
+    """(scores, row max) if node is the stable softmax omega(/, w, +/ w) along the last axis,
+    w = exp(omega(-, scores, max/ scores)); else None."""
+    if not (isinstance(node, E.Omega) and node.op == "/"):
+        return None
+    w, total = node.array, node.cell
+    if not (isinstance(total, E.Reduce) and total.op == "+" and total.array == w
+            and isinstance(w, E.Map) and w.fn == "exp"
+            and isinstance(w.arg, E.Omega) and w.arg.op == "-"):
+        return None
+    scores, top = w.arg.array, w.arg.cell
+    rank = len(shape_of(scores))
+    if not (isinstance(top, E.Reduce) and top.op == "max" and top.array == scores
+            and top.axis % rank == rank - 1 and total.axis % rank == rank - 1):
+        return None
+    return scores, top
+
+
+# ---- cotangent arithmetic: cells combine by omega ---------------------------------------
+
+def _rank(e):
+    return len(shape_of(e))
+
+
+def _omega_op(op, a, b):
+    """a op b for cells of one shape's prefixes (the higher rank first)."""
+    if _rank(a) == _rank(b) or _rank(b) == 0 or _rank(a) == 0:
+        return E.BinOp(op, a, b)
+    return E.omega(op, a, b)
+
+
+def _times(a, b):
+    if _rank(a) < _rank(b) and _rank(a) > 0:
+        return E.omega("*", b, a)
+    if isinstance(b, (E.Scalar, E.Const)):  # a scale reads first, as the math is written
+        return E.BinOp("*", b, a)
+    return E.BinOp("*", a, b)
+
+
+def _over(a, b):
+    if _rank(a) < _rank(b) and _rank(a) > 0:
+        return E.omega("*", 1.0 / b, a)
+    return _omega_op("/", a, b)
+
+
+def _add(a, b):
+    if a == b:
+        return 2.0 * a
+    if _rank(a) < _rank(b):
+        a, b = b, a
+    return _omega_op("+", a, b)
+
+
+def _total(g, shape, k, names):
+    """The sum of cotangent g (a cell of `shape`, whose axes are `names`) over every axis
+    past the first k."""
+    broadcast = shape[max(k, _rank(g)):]
+    while _rank(g) > k:
+        g = E.reduce("+", g, axis=_rank(g) - 1, var=names[_rank(g) - 1], name="total")
+    if broadcast:
+        g = g * E.Dim(sympy.Mul(*broadcast))
+    return g
+
+
+def _fit(share, shape, child, names):
+    """A share of a node's cotangent for a child the node extends from shape ()."""
+    if not shape_of(child) and shape:
+        return _total(share, shape, 0, names)
+    return share
+
+
+def _full(g, shape, node):
+    if _rank(g) != len(shape):
+        raise SpecError(f"grad: {E.describe(node)} would need its cotangent broadcast along "
+                        "its trailing axes, which has no rule yet")
+    return g
+
+
+def _transpose(perm, g):
+    """perm applied to g, a transpose of a transpose composed away."""
+    if list(perm) == sorted(perm):
+        return g
+    if perm == (1, 0) and isinstance(g, E.Inner) and _rank(g.left) == _rank(g.right) == 2:
+        # (A B)^T = B^T A^T: the gradient of a transposed operand as the math writes it
+        return E.inner(_transpose(perm, g.right), _transpose(perm, g.left), g.add, g.mul,
+                       g.var, g.name)
+    if isinstance(g, E.Transpose):
+        composed = tuple(g.perm[p] for p in perm)
+        return g.array if list(composed) == sorted(composed) else E.Transpose(composed, g.array)
+    return E.Transpose(tuple(perm), g)
+
+
+# ---- from the body's leaves to the gradients -------------------------------------------
+
+def _gather(name, array, leaves, lift: _Lift):
+    """The gradient of input `name`: each body adjoint lifted over the lift axes, summed over
+    the axes its access does not index by (the rows a weight is shared by)."""
+    parts = []
+    for (leaf, index), body in leaves.items():
+        if leaf != name:
+            continue
+        value = E.lift(lift.vars, lift.extents, body) if lift.vars else body
+        for axis in reversed(range(len(lift.vars))):
+            var = lift.vars[axis]
+            if var not in index:
+                value = E.reduce("+", value, axis=axis, var=var, name=f"over_{var}")
+        parts.append(value)
+    if not parts:
+        raise SpecError(f"grad: output does not depend on input {name}")
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    return total
+
+
+def _postorder(node, seen, order):
+    if node in seen:
+        return
+    seen.add(node)
+    for _, child in node.children():
+        _postorder(child, seen, order)
+    order.append(node)
+
+
+def _walk(node):
+    yield node
+    for _, child in node.children():
+        yield from _walk(child)
+
+
+def _arrays(node):
+    return [n for n in _walk(node) if isinstance(n, E.Array)]
