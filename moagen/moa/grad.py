@@ -30,7 +30,7 @@ variant can materialize it. The result is then rewritten by moagen.moa.rewrites 
 memory-optimal form (saved statistics used, the softmax recomputed from its lse, attention's
 delta from the output).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import sympy
@@ -54,7 +54,8 @@ def grad(spec: KernelSpec, wrt=None, cotangents=None, **options) -> KernelSpec:
 
 
 def derive(spec: KernelSpec, wrt=None, cotangents: Optional[Sequence[str]] = None,
-           name: Optional[str] = None, rewrites=None, order=None) -> Derivation:
+           name: Optional[str] = None, rewrites=None, order=None,
+           labels: Optional[Mapping[str, str]] = None) -> Derivation:
     """Differentiate `spec`.
 
     wrt: the inputs to differentiate with respect to, as names (the gradient's index names
@@ -62,9 +63,10 @@ def derive(spec: KernelSpec, wrt=None, cotangents: Optional[Sequence[str]] = Non
     cotangents: the outputs given a cotangent `d<output>` (an input of the result); default
     every output. Every forward output may be read by the result (a saved statistic, the
     output itself): the rewrites decide which are.
-    rewrites: the rewrite steps to apply (moagen.moa.rewrites.STEPS by default).
+    rewrites: the names of the rewrites to apply (moagen.moa.rewrites.NAMES, all by default).
     order: the result's inputs in this order (default: the forward's inputs, the saved
-    outputs it reads, the cotangents); those it does not read are left out."""
+    outputs it reads, the cotangents); those it does not read are left out.
+    labels: new names for Named intermediates (probs -> P), as a variant refers to them."""
     from moagen.moa import rewrites as R
 
     spec.validate()
@@ -102,7 +104,11 @@ def derive(spec: KernelSpec, wrt=None, cotangents: Optional[Sequence[str]] = Non
     context = R.Context(lift_vars=lift.vars,
                         saved={o: (_body(outputs[o]), saved[o]) for o in outputs},
                         cotangents={c: E.psi(lift.vars, cot_arrays[c]) for c in cotangents})
-    steps = R.STEPS if rewrites is None else rewrites
+    chosen = R.NAMES if rewrites is None else tuple(rewrites)
+    unknown = set(chosen) - set(R.NAMES)
+    if unknown:
+        raise SpecError(f"grad: no rewrite {sorted(unknown)}; the rewrites: {', '.join(R.NAMES)}")
+    steps = tuple((n, step) for n, step in R.STEPS if n in chosen)
     applied = {}
     results = []
     for w, index in wrt.items():
@@ -111,6 +117,13 @@ def derive(spec: KernelSpec, wrt=None, cotangents: Optional[Sequence[str]] = Non
         for step, count in counts.items():
             applied[step] = applied.get(step, 0) + count
         results.append(Output("d" + w, value, index))
+    if "scale into named" in chosen:
+        values, moved = R.scale_into_named([o.value for o in results])
+        results = [replace(o, value=v) for o, v in zip(results, values)]
+        if moved:
+            applied["scale into named"] = moved
+    if labels:
+        results = [replace(o, value=R.relabel(o.value, labels)) for o in results]
     used = {n.name for o in results for n in _arrays(o.value)}
     new_inputs = [a for a in (*spec.inputs, *saved.values(), *cot_arrays.values())
                   if a.name in used]
@@ -321,9 +334,9 @@ class _Adjoints:
             raise SpecError(f"grad: {E.describe(node)}: operands of rank 1 or 2 only")
         # dA[p, k] = sum_q G[p, q] B[k, q];  dB[k, q] = sum_p A[p, k] G[p, q]
         names = self.names[node]
-        d_left = (E.inner(g, _transpose((1, 0), right), var=names[-1], name="acc")
+        d_left = (_inner(g, _transpose((1, 0), right), names[-1])
                   if ranks[1] == 2 else E.outer("*", g, right))
-        d_right = (E.inner(_transpose((1, 0), left), g, var=names[0], name="acc")
+        d_right = (_inner(_transpose((1, 0), left), g, names[0])
                    if ranks[0] == 2 else E.outer("*", left, g))
         return [(node.left, d_left), (node.right, d_right)]
 
@@ -332,8 +345,8 @@ class _Adjoints:
             raise SpecError(f"grad: {E.describe(node)}: only the outer product of two vectors "
                             "has a rule")
         names = self.names[node]
-        return [(node.left, E.inner(g, self.value(node.right), var=names[-1], name="acc")),
-                (node.right, E.inner(self.value(node.left), g, var=names[0], name="acc"))]
+        return [(node.left, _inner(g, self.value(node.right), names[-1])),
+                (node.right, _inner(self.value(node.left), g, names[0]))]
 
     def _omega(self, node, g, shape):
         array, cell = node.array, node.cell
@@ -361,6 +374,20 @@ class _Adjoints:
                                           var=self.names[probs][-1], name="rowdot"),
                         index=rows)
         return [(scores, probs * _omega_op("-", g, delta))]
+
+
+def _inner(left, right, var):
+    """left +.x right over var; its accumulator named after two inputs it reads directly
+    (dO V^T: dov), else acc."""
+    reads = [_read(x) for x in (left, right)]
+    name = "".join(reads).lower() if all(reads) else "acc"
+    return E.inner(left, right, var=var, name=name)
+
+
+def _read(node):
+    while isinstance(node, (E.Transpose, E.Psi)):
+        node = node.array
+    return node.name if isinstance(node, E.Array) else None
 
 
 def _default_names(node):

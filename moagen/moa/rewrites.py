@@ -13,6 +13,9 @@ the equality from the forward spec itself; `rewrite` reports how often each step
                           = sum_c dO_ic sum_j P_ij V_jc; a row of d, not of n
     masked zeros          where(cond, P * Y, 0) with P = exp(where(cond, s, -inf) - x) is
                           P * Y: the causal mask's cotangent is already zero where it masks
+    scale into named      c * dL, where a Named cotangent dL is only ever used scaled by
+                          one scalar c, becomes dL := c * (its value): the scale applied
+                          once per element (attention's dS = scale * P * (dP - delta))
 
 `quadratic_temporaries` is the check that follows them: a DNF temporary with two axes of
 one size (n x n) is what these forms exist to avoid.
@@ -106,6 +109,8 @@ def _unnamed(node):
 # in the order they apply: each sees the forward's outputs rewritten by those before it
 STEPS = (("kept statistic", kept_statistic), ("softmax from lse", softmax_from_lse),
          ("delta from output", delta_from_output), ("masked zeros", masked_zeros))
+# and then, over all the outputs together, scale_into_named
+NAMES = tuple(name for name, _ in STEPS) + ("scale into named",)
 
 
 def rewrite(node, steps, context) -> Tuple[E.Expr, Dict[str, int]]:
@@ -145,6 +150,59 @@ def _bottom_up(node, step, context):
         return rebuilt
 
     return visit(node), count[0]
+
+
+def scale_into_named(values):
+    """A Named cotangent that is used only scaled by one scalar (scale * dscores) takes the
+    scale into its value, once per element where it is materialized or recomputed, not once
+    per use in each product. Returns the values and how many labels moved."""
+    uses = {}
+    for value in values:
+        for parent, child in _edges(value):
+            if isinstance(child, E.Named):
+                uses.setdefault(child, set()).add(_scaling(parent, child))
+    scales = {named: factors.pop() for named, factors in uses.items()
+              if len(factors) == 1 and None not in factors}
+    labels = [n.label for n in uses]
+    scales = {n: c for n, c in scales.items() if labels.count(n.label) == 1}
+
+    def step(node, _):
+        for named, factor in scales.items():
+            if _scaling(node, named) == factor:
+                return E.Named(named.label, E.BinOp("*", factor, named.value), named.index)
+        return None
+
+    return [_bottom_up(v, step, None)[0] for v in values], len(scales)
+
+
+def _scaling(parent, child):
+    """The Scalar or Const that parent multiplies child by; None if it is not such a product."""
+    if isinstance(parent, E.BinOp) and parent.op == "*":
+        for this, other in ((parent.left, parent.right), (parent.right, parent.left)):
+            if this == child and isinstance(other, (E.Scalar, E.Const)):
+                return other
+    return None
+
+
+def _edges(node, parent=None):
+    if parent is not None:
+        yield parent, node
+    for _, child in node.children():
+        yield from _edges(child, node)
+
+
+def substitute(node, mapping):
+    """node with every subexpression that is a key of mapping replaced by its value."""
+    return _bottom_up(node, lambda n, _: mapping.get(n), None)[0]
+
+
+def relabel(node, labels):
+    """node with its Named intermediates renamed by labels (old -> new)."""
+    def step(n, _):
+        if isinstance(n, E.Named) and n.label in labels:
+            return replace(n, label=labels[n.label])
+        return None
+    return _bottom_up(node, step, None)[0]
 
 
 def quadratic_temporaries(dnf):
