@@ -23,16 +23,14 @@
  * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
  * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
  * stage norm2: rmsnorm_bwd dnf
- * dx[b, i, c] = (<b i> psi inv_rms)
- *               * ((<b i c> psi dz) * (<c> psi weight)
- *               - (<b i c> psi x) * (<b i> psi inv_rms)
- *               * sum[c2 < d](
- *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
- *               )
- *               / d)
+ * dx[b, i, c] = sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
+ *               * neg((<b i> psi inv_rms) * (<b i> psi inv_rms) * (<b i> psi inv_rms))
+ *               / d
+ *               * (<b i c> psi x)
+ *               + (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
  * dweight[c] = sum[b2 < batch](
  *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+ *                      (<b2 i2 c> psi dz) * (<b2 i2> psi inv_rms) * (<b2 i2 c> psi x)
  *                  )
  *              )
  * stage add2: residual_add dnf
@@ -3464,17 +3462,17 @@ void block_bwd_composed_f64(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
-                double dot = 0.0;
-                #pragma omp simd reduction(+:dot)
+                double total = 0.0;
+                #pragma omp simd reduction(+:total)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    total += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)];
                 }
-                const double t2 = dot / (double)dm;
+                const double t2 = total * -(inv_rms2[b*n + i] * inv_rms2[b*n + i] * inv_rms2[b*n + i]) / (double)dm;
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    const double t = resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-                    dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - t * t2);
-                    norm2_dweight_part[c + dm*i_part] += dxn2[c + dm*(b*n + i)] * t;
+                    const double t = dxn2[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    dresid_norm[c + dm*(b*n + i)] = t2 * resid[c + dm*(b*n + i)] + t * norm2[c];
+                    norm2_dweight_part[c + dm*i_part] += t * resid[c + dm*(b*n + i)];
                 }
             }
         }
@@ -3945,17 +3943,17 @@ void block_bwd_composed_f64(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
-                double dot = 0.0;
-                #pragma omp simd reduction(+:dot)
+                double total = 0.0;
+                #pragma omp simd reduction(+:total)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    total += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)];
                 }
-                const double t2 = dot / (double)dm;
+                const double t2 = total * -(inv_rms1[b*n + i] * inv_rms1[b*n + i] * inv_rms1[b*n + i]) / (double)dm;
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    const double t = x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
-                    dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - t * t2);
-                    norm1_dweight_part[c + dm*i_part] += dxn1[c + dm*(b*n + i)] * t;
+                    const double t = dxn1[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    dx_norm[c + dm*(b*n + i)] = t2 * x[c + dm*(b*n + i)] + t * norm1[c];
+                    norm1_dweight_part[c + dm*i_part] += t * x[c + dm*(b*n + i)];
                 }
             }
         }
@@ -7354,17 +7352,17 @@ void block_bwd_composed_f32(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
-                float dot = 0.0f;
-                #pragma omp simd reduction(+:dot)
+                float total = 0.0f;
+                #pragma omp simd reduction(+:total)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    total += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)];
                 }
-                const float t2 = dot / (float)dm;
+                const float t2 = total * -(inv_rms2[b*n + i] * inv_rms2[b*n + i] * inv_rms2[b*n + i]) / (float)dm;
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    const float t = resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-                    dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - t * t2);
-                    norm2_dweight_part[c + dm*i_part] += dxn2[c + dm*(b*n + i)] * t;
+                    const float t = dxn2[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    dresid_norm[c + dm*(b*n + i)] = t2 * resid[c + dm*(b*n + i)] + t * norm2[c];
+                    norm2_dweight_part[c + dm*i_part] += t * resid[c + dm*(b*n + i)];
                 }
             }
         }
@@ -7835,17 +7833,17 @@ void block_bwd_composed_f32(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
-                float dot = 0.0f;
-                #pragma omp simd reduction(+:dot)
+                float total = 0.0f;
+                #pragma omp simd reduction(+:total)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    total += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)];
                 }
-                const float t2 = dot / (float)dm;
+                const float t2 = total * -(inv_rms1[b*n + i] * inv_rms1[b*n + i] * inv_rms1[b*n + i]) / (float)dm;
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    const float t = x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
-                    dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - t * t2);
-                    norm1_dweight_part[c + dm*i_part] += dxn1[c + dm*(b*n + i)] * t;
+                    const float t = dxn1[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    dx_norm[c + dm*(b*n + i)] = t2 * x[c + dm*(b*n + i)] + t * norm1[c];
+                    norm1_dweight_part[c + dm*i_part] += t * x[c + dm*(b*n + i)];
                 }
             }
         }

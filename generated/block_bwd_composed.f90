@@ -22,16 +22,14 @@
 ! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
 ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
 ! stage norm2: rmsnorm_bwd dnf
-! dx[b, i, c] = (<b i> psi inv_rms)
-!               * ((<b i c> psi dz) * (<c> psi weight)
-!               - (<b i c> psi x) * (<b i> psi inv_rms)
-!               * sum[c2 < d](
-!                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-!               )
-!               / d)
+! dx[b, i, c] = sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
+!               * neg((<b i> psi inv_rms) * (<b i> psi inv_rms) * (<b i> psi inv_rms))
+!               / d
+!               * (<b i c> psi x)
+!               + (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
 ! dweight[c] = sum[b2 < batch](
 !                  sum[i2 < n](
-!                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+!                      (<b2 i2 c> psi dz) * (<b2 i2> psi inv_rms) * (<b2 i2 c> psi x)
 !                  )
 !              )
 ! stage add2: residual_add dnf
@@ -193,7 +191,7 @@ contains
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
-        & batch_d, hdf, dot, t2, dweight_sum, yw, batches, oy, rowdot, qk, dov, t3, heads_sum, &
+        & batch_d, hdf, total, t2, dweight_sum, yw, batches, oy, rowdot, qk, dov, t3, heads_sum, &
         & gw, xg
 
     ! norm2_apply.z: reads norm2, resid, inv_rms2; scratch xn2
@@ -1700,7 +1698,7 @@ contains
     !$omp end parallel do
     ! norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm, dxn2
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -1708,20 +1706,19 @@ contains
       end do
       do b = 0, batch - 1
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
-          dot = 0.0_c_double
-          !$omp simd reduction(+:dot)
+          total = 0.0_c_double
+          !$omp simd reduction(+:total)
           do c = 0, dm - 1
-            dot = dot + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i)) * &
-                & inv_rms2(b*n + i)
+            total = total + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i))
           end do
-          t2 = dot / real(dm, c_double)
+          t2 = total * -(inv_rms2(b*n + i) * inv_rms2(b*n + i) * inv_rms2(b*n + i)) / real(dm, &
+              & c_double)
           !$omp simd
           do c = 0, dm - 1
-            t = resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
-            dresid_norm(c + dm*(b*n + i)) = inv_rms2(b*n + i) * (dxn2(c + dm*(b*n + i)) * &
-                & norm2(c) - t * t2)
-            norm2_dweight_part(c + dm*i_part) = norm2_dweight_part(c + dm*i_part) + dxn2(c + &
-                & dm*(b*n + i)) * t
+            t = dxn2(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+            dresid_norm(c + dm*(b*n + i)) = t2 * resid(c + dm*(b*n + i)) + t * norm2(c)
+            norm2_dweight_part(c + dm*i_part) = norm2_dweight_part(c + dm*i_part) + t * resid(c + &
+                & dm*(b*n + i))
           end do
         end do
       end do
@@ -3543,7 +3540,7 @@ contains
     !$omp end parallel do
     ! norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm, dxn1
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -3551,19 +3548,19 @@ contains
       end do
       do b = 0, batch - 1
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
-          dot = 0.0_c_double
-          !$omp simd reduction(+:dot)
+          total = 0.0_c_double
+          !$omp simd reduction(+:total)
           do c = 0, dm - 1
-            dot = dot + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            total = total + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i))
           end do
-          t2 = dot / real(dm, c_double)
+          t2 = total * -(inv_rms1(b*n + i) * inv_rms1(b*n + i) * inv_rms1(b*n + i)) / real(dm, &
+              & c_double)
           !$omp simd
           do c = 0, dm - 1
-            t = x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
-            dx_norm(c + dm*(b*n + i)) = inv_rms1(b*n + i) * (dxn1(c + dm*(b*n + i)) * norm1(c) - &
-                & t * t2)
-            norm1_dweight_part(c + dm*i_part) = norm1_dweight_part(c + dm*i_part) + dxn1(c + &
-                & dm*(b*n + i)) * t
+            t = dxn1(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            dx_norm(c + dm*(b*n + i)) = t2 * x(c + dm*(b*n + i)) + t * norm1(c)
+            norm1_dweight_part(c + dm*i_part) = norm1_dweight_part(c + dm*i_part) + t * x(c + &
+                & dm*(b*n + i))
           end do
         end do
       end do
@@ -3697,7 +3694,7 @@ contains
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
-        & batch_d, hdf, dot, t2, dweight_sum, yw, batches, oy, rowdot, qk, dov, t3, heads_sum, &
+        & batch_d, hdf, total, t2, dweight_sum, yw, batches, oy, rowdot, qk, dov, t3, heads_sum, &
         & gw, xg
 
     ! norm2_apply.z: reads norm2, resid, inv_rms2; scratch xn2
@@ -5204,7 +5201,7 @@ contains
     !$omp end parallel do
     ! norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm, dxn2
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -5212,20 +5209,19 @@ contains
       end do
       do b = 0, batch - 1
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
-          dot = 0.0_c_float
-          !$omp simd reduction(+:dot)
+          total = 0.0_c_float
+          !$omp simd reduction(+:total)
           do c = 0, dm - 1
-            dot = dot + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i)) * &
-                & inv_rms2(b*n + i)
+            total = total + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i))
           end do
-          t2 = dot / real(dm, c_float)
+          t2 = total * -(inv_rms2(b*n + i) * inv_rms2(b*n + i) * inv_rms2(b*n + i)) / real(dm, &
+              & c_float)
           !$omp simd
           do c = 0, dm - 1
-            t = resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
-            dresid_norm(c + dm*(b*n + i)) = inv_rms2(b*n + i) * (dxn2(c + dm*(b*n + i)) * &
-                & norm2(c) - t * t2)
-            norm2_dweight_part(c + dm*i_part) = norm2_dweight_part(c + dm*i_part) + dxn2(c + &
-                & dm*(b*n + i)) * t
+            t = dxn2(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+            dresid_norm(c + dm*(b*n + i)) = t2 * resid(c + dm*(b*n + i)) + t * norm2(c)
+            norm2_dweight_part(c + dm*i_part) = norm2_dweight_part(c + dm*i_part) + t * resid(c + &
+                & dm*(b*n + i))
           end do
         end do
       end do
@@ -7047,7 +7043,7 @@ contains
     !$omp end parallel do
     ! norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm, dxn1
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -7055,19 +7051,19 @@ contains
       end do
       do b = 0, batch - 1
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
-          dot = 0.0_c_float
-          !$omp simd reduction(+:dot)
+          total = 0.0_c_float
+          !$omp simd reduction(+:total)
           do c = 0, dm - 1
-            dot = dot + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            total = total + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i))
           end do
-          t2 = dot / real(dm, c_float)
+          t2 = total * -(inv_rms1(b*n + i) * inv_rms1(b*n + i) * inv_rms1(b*n + i)) / real(dm, &
+              & c_float)
           !$omp simd
           do c = 0, dm - 1
-            t = x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
-            dx_norm(c + dm*(b*n + i)) = inv_rms1(b*n + i) * (dxn1(c + dm*(b*n + i)) * norm1(c) - &
-                & t * t2)
-            norm1_dweight_part(c + dm*i_part) = norm1_dweight_part(c + dm*i_part) + dxn1(c + &
-                & dm*(b*n + i)) * t
+            t = dxn1(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            dx_norm(c + dm*(b*n + i)) = t2 * x(c + dm*(b*n + i)) + t * norm1(c)
+            norm1_dweight_part(c + dm*i_part) = norm1_dweight_part(c + dm*i_part) + t * x(c + &
+                & dm*(b*n + i))
           end do
         end do
       end do

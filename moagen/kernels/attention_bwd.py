@@ -32,11 +32,18 @@ WRT = {"Q": QUERY_ROWS + ("c",), "K": KEY_ROWS + ("c",), "V": KEY_ROWS + ("c",)}
 INPUTS = (Q, K, V, O, DO, LSE)
 
 
+# how the backward is derived (moagen.moa.grad; `moagen grad attention_fwd`): dO given for
+# O, lse kept; the inputs in the order of the kernels' callers
+VJP = {forward: dict(wrt=WRT, cotangents=("O",), order=tuple(a.name for a in INPUTS),
+                     labels={"probs": "P", "dscores": "dS"})
+       for forward in ("attention_fwd", "attention_fwd_causal")}
+
+
 def spec(causal: bool, name=None) -> KernelSpec:
-    """The vector-Jacobian product of attention_fwd[_causal] with dO for O; lse is kept."""
+    """The vector-Jacobian product of attention_fwd[_causal]."""
     name = name or ("attention_bwd_causal" if causal else "attention_bwd")
-    return grad(attention.spec(causal), wrt=WRT, cotangents=("O",), name=name,
-                order=[a.name for a in INPUTS], labels={"probs": "P", "dscores": "dS"})
+    forward = attention.spec(causal)
+    return grad(forward, name=name, **VJP[forward.name])
 
 
 def gradients(q, k, v, o, do, lse, causal):
@@ -74,9 +81,11 @@ VARIANTS = {
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]
 
-# registered as well under the name a derived backward has: <forward>_vjp
-KERNELS += [(spec(False, "attention_fwd_vjp"), VARIANTS),
-            (spec(True, "attention_fwd_causal_vjp"), VARIANTS)]
+# registered as well under the name a derived backward has, <forward>_vjp, with the variants
+# that keep memory O(n d) (naive, the framework's way, stays with attention_bwd)
+LINEAR = {name: v for name, v in VARIANTS.items() if name != "naive"}
+KERNELS += [(spec(False, "attention_fwd_vjp"), LINEAR),
+            (spec(True, "attention_fwd_causal_vjp"), LINEAR)]
 
 
 def _forward_of(causal):

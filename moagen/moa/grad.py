@@ -464,10 +464,40 @@ def _over(a, b):
 
 def _add(a, b):
     if a == b:
-        return 2.0 * a
+        return _fold(2.0, a)
     if _rank(a) < _rank(b):
         a, b = b, a
     return _omega_op("+", a, b)
+
+
+def _fold(c, e):
+    """c * e with c multiplied into a constant factor of e's products where it has one
+    (2 * (g * (-0.5 * y)) is g * -y)."""
+    def into(x):
+        if isinstance(x, E.Const):
+            return E.Const(c * x.value)
+        if isinstance(x, E.BinOp) and x.op in "*/":
+            for side in ("left", "right") if x.op == "*" else ("left",):
+                folded = into(getattr(x, side))
+                if folded is not None:
+                    return replace(x, **{side: folded})
+        if isinstance(x, E.Map) and x.fn == "neg":
+            folded = into(x.arg)
+            return None if folded is None else E.Map("neg", folded)
+        return None
+
+    folded = into(e)
+    return E.BinOp("*", E.Const(c), e) if folded is None else _unit(folded)
+
+
+def _unit(e):
+    """e with a factor 1.0 dropped and -1.0 turned into a negation."""
+    if isinstance(e, E.BinOp) and e.op in "*/":
+        left, right = _unit(e.left), _unit(e.right)
+        if e.op == "*" and left in (E.Const(1.0), E.Const(-1.0)):
+            return right if left == E.Const(1.0) else -right
+        return replace(e, left=left, right=right)
+    return e
 
 
 def _total(g, shape, k, names):
