@@ -18,7 +18,8 @@ node's cotangent the sum of what its users send it, by one rule per node kind:
 
 A cotangent may be a *cell*: an expression of a prefix of the node's shape that stands for
 its broadcast over the trailing axes (the cotangent of a row sum is one number a row). It
-is combined with full arrays by omega, never materialized.
+is combined with full arrays by omega; only where a rule needs the whole array (an input's
+gradient, an inner product) is it spread by a Lift.
 
 The row max of a stable softmax is a shift that cancels (softmax and logsumexp do not
 change when every score of a row moves by the same amount), so the softmax is one rule and
@@ -176,9 +177,10 @@ def _wrt_index(spec, wrt) -> Dict[str, Tuple[str, ...]]:
             result[w] = ()
             continue
         index = []
+        taken = {str(s) for s in spec.sizes}
         for dim in array.shape:
-            n = names.get(dim, "k")
-            while n in index:
+            n = names.get(dim, "i")
+            while n in index or n in taken:
                 n += "2"
             index.append(n)
         result[w] = tuple(index)
@@ -449,8 +451,10 @@ def _omega_op(op, a, b):
 
 
 def _times(a, b):
-    if _rank(a) < _rank(b) and _rank(a) > 0:
+    if 0 < _rank(a) < _rank(b):
         return E.omega("*", b, a)
+    if 0 < _rank(b) < _rank(a):
+        return E.omega("*", a, b)
     if isinstance(b, (E.Scalar, E.Const)):  # a scale reads first, as the math is written
         return E.BinOp("*", b, a)
     return E.BinOp("*", a, b)
@@ -519,10 +523,17 @@ def _fit(share, shape, child, names):
 
 
 def _full(g, shape, node):
-    if _rank(g) != len(shape):
-        raise SpecError(f"grad: {E.describe(node)} would need its cotangent broadcast along "
-                        "its trailing axes, which has no rule yet")
-    return g
+    """g as an array of node's whole shape: a cell is broadcast along the trailing axes, by
+    a Lift over them (which puts them first) and a transpose that moves them last."""
+    k = _rank(g)
+    trailing = tuple(shape[k:])
+    if not trailing:
+        return g
+    lifted = E.Lift(tuple(f"spread{a}" for a in range(len(trailing))), trailing, g)
+    if k == 0:
+        return lifted
+    return E.Transpose(tuple(range(len(trailing), len(shape))) + tuple(range(len(trailing))),
+                       lifted)
 
 
 def _transpose(perm, g):
