@@ -1,6 +1,6 @@
 """`moagen grad KERNEL`: the backward of a kernel derived from its spec (moagen.moa.grad):
-the derived spec, the rewrites that shaped it, its DNF, and the check that no temporary of
-that DNF is n x n."""
+the derived spec, the rewrites that shaped it, its DNF, and the checks that no temporary of
+that DNF is n x n and no reduction in it is recomputed per term of another (n^3 work)."""
 import sys
 
 from moagen.errors import UnknownNameError
@@ -37,7 +37,7 @@ def run(args):
     from moagen.kernels import KERNELS, get_kernel
     from moagen.moa.dnf import format_dnf, psi_reduce
     from moagen.moa.grad import derive
-    from moagen.moa.rewrites import quadratic_temporaries
+    from moagen.moa.rewrites import quadratic_temporaries, recomputed_reductions
     from moagen.moa.shape import fmt_shape
 
     kernel = get_kernel(args.kernel)
@@ -66,12 +66,19 @@ def run(args):
     if args.shape:
         print_shapes(spec)
     print(format_dnf(dnf), end="")
-    quadratic = quadratic_temporaries(dnf)
     temps = ", ".join(f"{d.target}{fmt_shape(d.shape)}" for d in dnf.temps) or "none"
     print(f"\ntemporaries: {temps}")
+    failures = []
+    quadratic = quadratic_temporaries(dnf)
     if quadratic:
-        print(f"FAIL: n x n temporaries {', '.join(quadratic)}: not the memory-optimal form",
-              file=sys.stderr)
+        failures.append(f"n x n temporaries {', '.join(quadratic)}")
+    recomputed = recomputed_reductions(dnf)
+    if recomputed:
+        failures.append(f"{', '.join(recomputed)} recompute a reduction for every term of "
+                        "another over the same extent (n^3 work)")
+    for failure in failures:
+        print(f"FAIL: {failure}: not the memory-optimal form", file=sys.stderr)
+    if failures:
         return 1
-    print("no n x n temporary")
+    print("no n x n temporary, no reduction recomputed per term")
     return 0

@@ -14,7 +14,7 @@ from moagen.kernels.attention_bwd import VJP as ATTENTION_VJP
 from moagen.moa import expr as E
 from moagen.moa.dnf import psi_reduce
 from moagen.moa.grad import derive, grad
-from moagen.moa.rewrites import NAMES, quadratic_temporaries
+from moagen.moa.rewrites import NAMES, quadratic_temporaries, recomputed_reductions
 from moagen.moa.shape import shape_of
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.interpret import evaluate_dnf
@@ -46,6 +46,7 @@ FORWARDS = {
                                       _positive(E.reduce("+", A * A, axis=1))),
     "inner, transpose": E.inner(A, B) + E.inner(E.inner(A, E.transpose(A)), E.inner(A, B)),
     "inner of vectors, outer": E.outer("*", E.inner(A, W), W),
+    "sum along the first axis": E.outer("*", E.reduce("+", A * A, axis=0, var="i"), R),
     "causal where": E.where(E.outer(">=", E.iota("m"), E.iota("k")), A * A, E.exp(A)),
     "softmax": E.inner(E.named("probs", _softmax(E.inner(A, E.transpose(A))), ("i", "j")), A),
     "lift, psi, a weight shared by rows": E.lift(
@@ -141,10 +142,14 @@ def test_derived_attention_moves_no_n_squared_and_does_the_hand_written_work(ker
     assert sympy.expand(f - 2 * batch * heads * n * (8 * d * n + d + 6 * n)) == 0
 
 
-def test_quadratic_temporaries_are_reported():
+def test_quadratic_temporaries_and_recomputed_reductions_are_reported():
     spec = get_kernel("attention_fwd_vjp").spec
     assert quadratic_temporaries(psi_reduce(spec, {"delta"})) == []
     assert quadratic_temporaries(psi_reduce(spec, {"delta", "P", "dS"})) == ["P", "dS"]
+    assert recomputed_reductions(psi_reduce(spec, {"delta"})) == []
+    plain = derive(attention.spec(False), **ATTENTION_VJP["attention_fwd"], rewrites=()).spec
+    # dQ's row max does not depend on the key it sums over: hoisted, not recomputed
+    assert recomputed_reductions(psi_reduce(plain, {"delta"})) == ["dK", "dV"]
 
 
 def run(capsys, *argv):
@@ -157,16 +162,21 @@ def test_grad_command_prints_rewrites_dnf_and_the_check(capsys):
     code, out, _ = run(capsys, "grad", "attention_fwd_causal")
     assert code == 0
     assert "rewrites: softmax from lse (3), delta from output (2), masked zeros (2)" in out
-    assert "temporary delta(batch, heads, n):" in out and out.endswith("no n x n temporary\n")
+    assert "temporary delta(batch, heads, n):" in out
+    assert out.endswith("no n x n temporary, no reduction recomputed per term\n")
     code, out, err = run(capsys, "grad", "attention_fwd", "--materialize", "P")
     assert code == 1 and "FAIL: n x n temporaries P" in err
+    # without the rewrites each probability recomputes its row's max and sum: dK sums over
+    # the query rows, whose maxima depend on them
+    code, out, err = run(capsys, "grad", "attention_fwd", "--no-rewrites")
+    assert code == 1 and "FAIL: dK, dV recompute a reduction" in err
     code, out, _ = run(capsys, "grad", "rmsnorm_fwd", "--wrt", "x", "--shape")
     assert code == 0 and "gradients dx\n" in out and "rewrites: kept statistic (1)" in out
 
 
 @pytest.mark.parametrize("value, options, message", [
     (E.reduce("max", A, axis=1), {}, "argmax"),
-    (E.reduce("+", A, axis=0), {}, "only sums along the last axis"),
+    (E.psi(("i",), E.transpose(A)), {}, "of a computed array has no adjoint rule"),
     (E.BinOp("max", A, A), {}, "no adjoint rule for BinOp(max)"),
     (A * 2.0, {"wrt": ["z"]}, "wrt ['z'] are not inputs"),
     (A * 2.0, {"cotangents": ["z"]}, "cotangents for ['z']"),

@@ -270,10 +270,14 @@ class _Adjoints:
                 raise SpecError(f"grad: {E.describe(node)}: a max is differentiable here only "
                                 "as the shift of a stable softmax (its argmax, a data dependent "
                                 "selection, has no node in the IR)")
-            if node.axis % rank != rank - 1:
-                raise SpecError(f"grad: {E.describe(node)}: only sums along the last axis have "
-                                "an adjoint rule (their cotangent is a cell)")
-            return [(node.array, g)]
+            ax = node.axis % rank
+            if ax == rank - 1:
+                return [(node.array, g)]  # a cell: spread along the last axis where used
+            # spread along the summed axis by a Lift (which puts it first), moved to ax
+            spread = E.Lift((f"spread_{node.var}",), (shape_of(node.array)[ax],),
+                            _full(g, shape, node))
+            perm = tuple(range(1, ax + 1)) + (0,) + tuple(range(ax + 1, rank))
+            return [(node.array, E.Transpose(perm, spread))]
         if isinstance(node, E.Inner):
             return self._inner(node, _full(g, shape, node))
         if isinstance(node, E.Outer):
@@ -411,6 +415,8 @@ def _child_names(node, names):
     if isinstance(node, E.Reduce):
         ax = node.axis % _rank(node.array)
         return [(node.array, names[:ax] + (node.var,) + names[ax:])]
+    if isinstance(node, E.Psi):
+        return [(node.array, tuple(str(i) for i in node.index) + names)]
     if isinstance(node, E.Transpose):
         source = [None] * len(names)
         for k, p in enumerate(node.perm):

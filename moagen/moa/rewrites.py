@@ -17,8 +17,9 @@ the equality from the forward spec itself; `rewrite` reports how often each step
                           one scalar c, becomes dL := c * (its value): the scale applied
                           once per element (attention's dS = scale * P * (dP - delta))
 
-`quadratic_temporaries` is the check that follows them: a DNF temporary with two axes of
-one size (n x n) is what these forms exist to avoid.
+`quadratic_temporaries` and `recomputed_reductions` are the checks that follow them: a DNF
+temporary with two axes of one size (n x n), or a reduction recomputed per term of another
+over the same extent (n^3 work), is what these forms exist to avoid.
 """
 from dataclasses import dataclass, fields, replace
 from typing import Dict, Tuple
@@ -210,3 +211,23 @@ def quadratic_temporaries(dnf):
     backward."""
     return [d.target for d in dnf.temps
             if len({s for s in d.shape[-2:]}) < len(d.shape[-2:])]
+
+
+def recomputed_reductions(dnf):
+    """The DNF's definitions that recompute a reduction for every term of another over the
+    same extent, the inner depending on the outer's variable (a softmax's row max inside
+    the sum over query rows of dK: n^3 work). What a backward without its rewrites does in
+    place of an n x n temporary."""
+    from moagen.moa import scalar as S
+
+    def nested(e):
+        for outer in S.subexpressions(e):
+            if not isinstance(outer, S.Reduction):
+                continue
+            for inner in S.subexpressions(outer.body):
+                if isinstance(inner, S.Reduction) and inner.extent == outer.extent and \
+                        outer.var.name in S.free_names(inner):
+                    return True
+        return False
+
+    return [d.target for d in dnf.definitions if nested(d.body)]
