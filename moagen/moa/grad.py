@@ -38,6 +38,8 @@ import sympy
 
 from moagen.errors import SpecError
 from moagen.moa import expr as E
+from moagen.moa import rewrites as R
+from moagen.moa.rewrites import stable_softmax
 from moagen.moa.shape import shape_of
 from moagen.moa.spec import KernelSpec, Output
 
@@ -68,53 +70,28 @@ def derive(spec: KernelSpec, wrt=None, cotangents: Optional[Sequence[str]] = Non
     order: the result's inputs in this order (default: the forward's inputs, the saved
     outputs it reads, the cotangents); those it does not read are left out.
     labels: new names for Named intermediates (probs -> P), as a variant refers to them."""
-    from moagen.moa import rewrites as R
-
     spec.validate()
-    inputs = {a.name: a for a in spec.inputs}
-    wrt = _wrt_index(spec, wrt)
-    unknown = [w for w in wrt if w not in inputs]
-    if unknown:
-        raise SpecError(f"grad {spec.name}: wrt {unknown} are not inputs; inputs: "
-                        f"{', '.join(inputs)}")
-    outputs = {o.name: o for o in spec.outputs}
-    cotangents = tuple(cotangents or outputs)
-    unknown = [c for c in cotangents if c not in outputs]
-    if unknown:
-        raise SpecError(f"grad {spec.name}: cotangents for {unknown}, which are not outputs; "
-                        f"outputs: {', '.join(outputs)}")
-    lifts = {_lift_of(outputs[c]) for c in cotangents}
-    if len(lifts) != 1:
-        raise SpecError(f"grad {spec.name}: the outputs given cotangents are lifted over "
-                        f"different axes {sorted(lifts)}; differentiate them separately")
-    (lift,) = lifts
-    shapes = spec.output_shapes()
-    saved = {o: E.Array(o, shapes[o]) for o in outputs}
-    cot_arrays = {c: E.Array("d" + c, shapes[c]) for c in cotangents}
-    clash = {a.name for a in cot_arrays.values()} & (set(inputs) | set(outputs)
-                                                     | set(spec.scalars))
-    if clash:
-        raise SpecError(f"grad {spec.name}: the cotangent names {sorted(clash)} are taken")
-
-    adjoints = _Adjoints(lift)
-    for c in cotangents:
-        adjoints.seed(_body(outputs[c]), E.psi(lift.vars, cot_arrays[c]),
-                      outputs[c].index[len(lift.vars):])
-    leaves = adjoints.run()
-
-    context = R.Context(lift_vars=lift.vars,
-                        saved={o: (_body(outputs[o]), saved[o]) for o in outputs},
-                        cotangents={c: E.psi(lift.vars, cot_arrays[c]) for c in cotangents})
+    wrt, cotangents, lift = _checked(spec, wrt, cotangents)
     chosen = R.NAMES if rewrites is None else tuple(rewrites)
     unknown = set(chosen) - set(R.NAMES)
     if unknown:
         raise SpecError(f"grad: no rewrite {sorted(unknown)}; the rewrites: {', '.join(R.NAMES)}")
+    shapes = spec.output_shapes()
+    saved = {o.name: E.Array(o.name, shapes[o.name]) for o in spec.outputs}
+    given = {c.name: E.Array("d" + c.name, shapes[c.name]) for c in cotangents}
+
+    adjoints = _Adjoints(lift)
+    for c in cotangents:
+        adjoints.seed(_body(c), E.psi(lift.vars, given[c.name]), c.index[len(lift.vars):])
+    leaves = adjoints.run()
+
+    context = R.Context(lift_vars=lift.vars,
+                        saved={o.name: (_body(o), saved[o.name]) for o in spec.outputs},
+                        cotangents={c: E.psi(lift.vars, a) for c, a in given.items()})
     steps = tuple((n, step) for n, step in R.STEPS if n in chosen)
-    applied = {}
-    results = []
+    applied, results = {}, []
     for w, index in wrt.items():
-        value = _gather(w, inputs[w], leaves, lift)
-        value, counts = R.rewrite(value, steps, context)
+        value, counts = R.rewrite(_gather(w, leaves, lift), steps, context)
         for step, count in counts.items():
             applied[step] = applied.get(step, 0) + count
         results.append(Output("d" + w, value, index))
@@ -125,22 +102,51 @@ def derive(spec: KernelSpec, wrt=None, cotangents: Optional[Sequence[str]] = Non
             applied["scale into named"] = moved
     if labels:
         results = [replace(o, value=R.relabel(o.value, labels)) for o in results]
-    used = {n.name for o in results for n in _arrays(o.value)}
-    new_inputs = [a for a in (*spec.inputs, *saved.values(), *cot_arrays.values())
-                  if a.name in used]
-    if order is not None:
-        missing = [a.name for a in new_inputs if a.name not in order]
-        if missing:
-            raise SpecError(f"grad {spec.name}: order leaves out the inputs {missing}")
-        new_inputs.sort(key=lambda a: list(order).index(a.name))
-    derived = KernelSpec(name=name or f"{spec.name}_vjp", inputs=tuple(new_inputs),
-                         scalars=tuple(s for s in spec.scalars
-                                       if any(n.name == s for o in results
-                                              for n in _walk(o.value)
-                                              if isinstance(n, E.Scalar))),
+    derived = KernelSpec(name=name or f"{spec.name}_vjp",
+                         inputs=_inputs(results, (*spec.inputs, *saved.values(),
+                                                  *given.values()), order, spec.name),
+                         scalars=tuple(s for s in spec.scalars if any(
+                             n == E.Scalar(s) for o in results for n in _walk(o.value))),
                          outputs=tuple(results), given=spec.given)
     derived.validate()
     return Derivation(derived, tuple(applied.items()))
+
+
+def _checked(spec, wrt, cotangents):
+    """(wrt as name -> index names, the outputs given cotangents, their common lift), or a
+    SpecError naming what does not fit."""
+    inputs = [a.name for a in spec.inputs]
+    wrt = _wrt_index(spec, wrt)
+    unknown = [w for w in wrt if w not in inputs]
+    if unknown:
+        raise SpecError(f"grad {spec.name}: wrt {unknown} are not inputs; inputs: "
+                        f"{', '.join(inputs)}")
+    outputs = {o.name: o for o in spec.outputs}
+    unknown = [c for c in cotangents or () if c not in outputs]
+    if unknown:
+        raise SpecError(f"grad {spec.name}: cotangents for {unknown}, which are not outputs; "
+                        f"outputs: {', '.join(outputs)}")
+    chosen = [outputs[c] for c in cotangents or outputs]
+    clash = {"d" + c.name for c in chosen} & (set(inputs) | set(outputs) | set(spec.scalars))
+    if clash:
+        raise SpecError(f"grad {spec.name}: the cotangent names {sorted(clash)} are taken")
+    lifts = {_lift_of(c) for c in chosen}
+    if len(lifts) != 1:
+        raise SpecError(f"grad {spec.name}: the outputs given cotangents are lifted over "
+                        f"different axes {sorted(lifts)}; differentiate them separately")
+    return wrt, chosen, lifts.pop()
+
+
+def _inputs(results, candidates, order, forward):
+    """The candidates the results read, in `order` if given."""
+    used = {n.name for o in results for n in _walk(o.value) if isinstance(n, E.Array)}
+    inputs = [a for a in candidates if a.name in used]
+    if order is not None:
+        missing = [a.name for a in inputs if a.name not in order]
+        if missing:
+            raise SpecError(f"grad {forward}: order leaves out the inputs {missing}")
+        inputs.sort(key=lambda a: list(order).index(a.name))
+    return tuple(inputs)
 
 
 @dataclass(frozen=True)
@@ -238,7 +244,7 @@ class _Adjoints:
         if isinstance(node, (E.Const, E.Scalar, E.Dim, E.Iota)):
             return []
         if isinstance(node, E.Named):
-            softmax = _softmax_parts(node.value)
+            softmax = stable_softmax(node.value)
             if _rank(g) == len(shape) and shape:
                 g = E.named("d" + node.label, g, node.index)
             if softmax:
@@ -425,24 +431,6 @@ def _child_names(node, names):
     return [(child, names[:_rank(child)]) for _, child in node.children()]
 
 
-def _softmax_parts(node):
-    """(scores, row max) if node is the stable softmax omega(/, w, +/ w) along the last axis,
-    w = exp(omega(-, scores, max/ scores)); else None."""
-    if not (isinstance(node, E.Omega) and node.op == "/"):
-        return None
-    w, total = node.array, node.cell
-    if not (isinstance(total, E.Reduce) and total.op == "+" and total.array == w
-            and isinstance(w, E.Map) and w.fn == "exp"
-            and isinstance(w.arg, E.Omega) and w.arg.op == "-"):
-        return None
-    scores, top = w.arg.array, w.arg.cell
-    rank = len(shape_of(scores))
-    if not (isinstance(top, E.Reduce) and top.op == "max" and top.array == scores
-            and top.axis % rank == rank - 1 and total.axis % rank == rank - 1):
-        return None
-    return scores, top
-
-
 # ---- cotangent arithmetic: cells combine by omega ---------------------------------------
 
 def _rank(e):
@@ -558,7 +546,7 @@ def _transpose(perm, g):
 
 # ---- from the body's leaves to the gradients -------------------------------------------
 
-def _gather(name, array, leaves, lift: _Lift):
+def _gather(name, leaves, lift: _Lift):
     """The gradient of input `name`: each body adjoint lifted over the lift axes, summed over
     the axes its access does not index by (the rows a weight is shared by)."""
     parts = []
@@ -572,7 +560,8 @@ def _gather(name, array, leaves, lift: _Lift):
                 value = E.reduce("+", value, axis=axis, var=var, name=f"over_{var}")
         parts.append(value)
     if not parts:
-        raise SpecError(f"grad: output does not depend on input {name}")
+        raise SpecError(f"grad: the outputs given cotangents do not depend on {name} (its "
+                        "gradient is zero): leave it out of wrt")
     total = parts[0]
     for p in parts[1:]:
         total = total + p
@@ -593,6 +582,3 @@ def _walk(node):
     for _, child in node.children():
         yield from _walk(child)
 
-
-def _arrays(node):
-    return [n for n in _walk(node) if isinstance(n, E.Array)]

@@ -39,6 +39,7 @@ class Context:
 
 
 def kept_statistic(node, context):
+    """A Named intermediate equal to a forward output that is that Named node: the output."""
     if not isinstance(node, E.Named):
         return None
     for out, (body, _) in context.saved.items():
@@ -48,8 +49,8 @@ def kept_statistic(node, context):
 
 
 def softmax_from_lse(node, context):
-    from moagen.moa.grad import _softmax_parts
-    parts = _softmax_parts(node)
+    """The stable softmax of s, where a forward output is its max + log(row sum): exp(s - lse)."""
+    parts = stable_softmax(node)
     if parts is None:
         return None
     scores, top = parts
@@ -61,6 +62,8 @@ def softmax_from_lse(node, context):
 
 
 def delta_from_output(node, context):
+    """+/ (dP * P) with dP = dO +.x V^T, where a forward output O = P +.x V has cotangent dO:
+    +/ (dO * O), along the last axis."""
     if not (isinstance(node, E.Reduce) and node.op == "+" and isinstance(node.array, E.BinOp)
             and node.array.op == "*"):
         return None
@@ -101,6 +104,24 @@ def masked_zeros(node, context):
                     masked.other == E.Const(float("-inf")):
                 return node.then
     return None
+
+
+def stable_softmax(node):
+    """(scores, row max) if node is the stable softmax omega(/, w, +/ w) along the last axis,
+    w = exp(omega(-, scores, max/ scores)); else None."""
+    if not (isinstance(node, E.Omega) and node.op == "/"):
+        return None
+    w, total = node.array, node.cell
+    if not (isinstance(total, E.Reduce) and total.op == "+" and total.array == w
+            and isinstance(w, E.Map) and w.fn == "exp"
+            and isinstance(w.arg, E.Omega) and w.arg.op == "-"):
+        return None
+    scores, top = w.arg.array, w.arg.cell
+    rank = len(shape_of(scores))
+    if not (isinstance(top, E.Reduce) and top.op == "max" and top.array == scores
+            and top.axis % rank == rank - 1 and total.axis % rank == rank - 1):
+        return None
+    return scores, top
 
 
 def _unnamed(node):
