@@ -4,11 +4,11 @@
 ! Do not edit; regenerate with: moagen emit --lang fortran rmsnorm_bwd --variant dnf
 !
 ! What the kernel computes, as its DNF (psi-reduced, before scheduling):
-! dx[b, i, c] = sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
+! dx[b, i, c] = (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
+!               + sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
 !               * neg((<b i> psi inv_rms) * (<b i> psi inv_rms) * (<b i> psi inv_rms))
 !               / d
 !               * (<b i c> psi x)
-!               + (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
 ! dweight[c] = sum[b2 < batch](
 !                  sum[i2 < n](
 !                      (<b2 i2 c> psi dz) * (<b2 i2> psi inv_rms) * (<b2 i2 c> psi x)
@@ -53,7 +53,7 @@ contains
           !$omp simd
           do c = 0, d - 1
             t = dz(c + d*(b*n + i)) * inv_rms(b*n + i)
-            dx(c + d*(b*n + i)) = t2 * x(c + d*(b*n + i)) + t * weight(c)
+            dx(c + d*(b*n + i)) = t * weight(c) + t2 * x(c + d*(b*n + i))
             dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + t * x(c + d*(b*n + i))
           end do
         end do
@@ -104,7 +104,7 @@ contains
           !$omp simd
           do c = 0, d - 1
             t = dz(c + d*(b*n + i)) * inv_rms(b*n + i)
-            dx(c + d*(b*n + i)) = t2 * x(c + d*(b*n + i)) + t * weight(c)
+            dx(c + d*(b*n + i)) = t * weight(c) + t2 * x(c + d*(b*n + i))
             dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + t * x(c + d*(b*n + i))
           end do
         end do

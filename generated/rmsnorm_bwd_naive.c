@@ -5,11 +5,11 @@
  * Do not edit; regenerate with: moagen emit --lang c rmsnorm_bwd --variant naive
  */
 /* What the kernel computes, as its DNF (psi-reduced, before scheduling):
- * dx[b, i, c] = sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
+ * dx[b, i, c] = (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
+ *               + sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
  *               * neg((<b i> psi inv_rms) * (<b i> psi inv_rms) * (<b i> psi inv_rms))
  *               / d
  *               * (<b i c> psi x)
- *               + (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
  * dweight[c] = sum[b2 < batch](
  *                  sum[i2 < n](
  *                      (<b2 i2 c> psi dz) * (<b2 i2> psi inv_rms) * (<b2 i2 c> psi x)
@@ -47,7 +47,7 @@ void rmsnorm_bwd_naive_f64(
             const double t = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (double)d;
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                dx[c + d*(b*n + i)] = t * x[c + d*(b*n + i)] + dz[c + d*(b*n + i)] * inv_rms[b*n + i] * weight[c];
+                dx[c + d*(b*n + i)] = dz[c + d*(b*n + i)] * inv_rms[b*n + i] * weight[c] + t * x[c + d*(b*n + i)];
             }
         }
     }
@@ -109,7 +109,7 @@ void rmsnorm_bwd_naive_f32(
             const float t = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (float)d;
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                dx[c + d*(b*n + i)] = t * x[c + d*(b*n + i)] + dz[c + d*(b*n + i)] * inv_rms[b*n + i] * weight[c];
+                dx[c + d*(b*n + i)] = dz[c + d*(b*n + i)] * inv_rms[b*n + i] * weight[c] + t * x[c + d*(b*n + i)];
             }
         }
     }

@@ -4,11 +4,11 @@
 ! Do not edit; regenerate with: moagen emit --lang fortran rmsnorm_bwd --variant naive
 !
 ! What the kernel computes, as its DNF (psi-reduced, before scheduling):
-! dx[b, i, c] = sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
+! dx[b, i, c] = (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
+!               + sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
 !               * neg((<b i> psi inv_rms) * (<b i> psi inv_rms) * (<b i> psi inv_rms))
 !               / d
 !               * (<b i c> psi x)
-!               + (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
 ! dweight[c] = sum[b2 < batch](
 !                  sum[i2 < n](
 !                      (<b2 i2 c> psi dz) * (<b2 i2> psi inv_rms) * (<b2 i2 c> psi x)
@@ -47,8 +47,8 @@ contains
         t = total * -(inv_rms(b*n + i) * inv_rms(b*n + i) * inv_rms(b*n + i)) / real(d, c_double)
         !$omp simd
         do c = 0, d - 1
-          dx(c + d*(b*n + i)) = t * x(c + d*(b*n + i)) + dz(c + d*(b*n + i)) * inv_rms(b*n + i) * &
-              & weight(c)
+          dx(c + d*(b*n + i)) = dz(c + d*(b*n + i)) * inv_rms(b*n + i) * weight(c) + t * x(c + &
+              & d*(b*n + i))
         end do
       end do
     end do
@@ -110,8 +110,8 @@ contains
         t = total * -(inv_rms(b*n + i) * inv_rms(b*n + i) * inv_rms(b*n + i)) / real(d, c_float)
         !$omp simd
         do c = 0, d - 1
-          dx(c + d*(b*n + i)) = t * x(c + d*(b*n + i)) + dz(c + d*(b*n + i)) * inv_rms(b*n + i) * &
-              & weight(c)
+          dx(c + d*(b*n + i)) = dz(c + d*(b*n + i)) * inv_rms(b*n + i) * weight(c) + t * x(c + &
+              & d*(b*n + i))
         end do
       end do
     end do

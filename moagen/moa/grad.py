@@ -228,7 +228,8 @@ class _Adjoints:
         return self.leaves
 
     def _send(self, node, contribution):
-        self.cot[node] = _add(self.cot[node], contribution) if node in self.cot else contribution
+        # a later user's share first: the sum reads as the forward's operands (dU Wg^T + dV Wu^T)
+        self.cot[node] = _add(contribution, self.cot[node]) if node in self.cot else contribution
 
     def value(self, node):
         """The node as the DAG names it (its Named wrapper), so that a rewrite or a variant

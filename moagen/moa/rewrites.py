@@ -213,9 +213,14 @@ def _edges(node, parent=None):
         yield from _edges(child, node)
 
 
+def transform(node, fn):
+    """node rebuilt bottom-up, each subexpression replaced by fn(it) where that is not None."""
+    return _bottom_up(node, lambda n, _: fn(n), None)[0]
+
+
 def substitute(node, mapping):
     """node with every subexpression that is a key of mapping replaced by its value."""
-    return _bottom_up(node, lambda n, _: mapping.get(n), None)[0]
+    return transform(node, mapping.get)
 
 
 def relabel(node, labels):
