@@ -36,6 +36,7 @@ def run(args):
     from moagen.cli import print_shapes
     from moagen.kernels import KERNELS, get_kernel
     from moagen.moa.dnf import format_dnf, psi_reduce
+    from moagen.moa.expr import Named, walk
     from moagen.moa.grad import derive
     from moagen.moa.rewrites import quadratic_temporaries, recomputed_reductions
     from moagen.moa.shape import fmt_shape
@@ -55,8 +56,11 @@ def run(args):
     derivation = derive(kernel.spec, **options)
     spec = derivation.spec
     registered = KERNELS.get(spec.name)
-    materialize = set(args.materialize or (registered.variant().materialize if registered
-                                           else ()))
+    # by default what the registered kernel's first variant stores, of what this spec names
+    # (the registered MLP backward also names the transposed operands its variants store)
+    named = {n.label for o in spec.outputs for n in walk(o.value) if isinstance(n, Named)}
+    materialize = set(args.materialize or (registered.variant().materialize & named
+                                           if registered else ()))
     dnf = psi_reduce(spec, materialize)
     print(f"{spec.name}: derived from {kernel.name}; cotangents "
           + ", ".join(a.name for a in spec.inputs if a.name.startswith("d")) + "; gradients "
@@ -82,3 +86,4 @@ def run(args):
         return 1
     print("no n x n temporary, no reduction recomputed per term")
     return 0
+

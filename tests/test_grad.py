@@ -55,16 +55,11 @@ FORWARDS = {
 
 
 def _spec(value):
-    inputs = sorted({n for n in _walk(value) if isinstance(n, E.Array)}, key=lambda a: a.name)
-    scalars = tuple(sorted({n.name for n in _walk(value) if isinstance(n, E.Scalar)}))
+    inputs = sorted({n for n in E.walk(value) if isinstance(n, E.Array)}, key=lambda a: a.name)
+    scalars = tuple(sorted({n.name for n in E.walk(value) if isinstance(n, E.Scalar)}))
     index = ("u", "v", "w")[:len(shape_of(value))]
     return KernelSpec("f", tuple(inputs), scalars, (Output("y", value, index),))
 
-
-def _walk(node):
-    yield node
-    for _, child in node.children():
-        yield from _walk(child)
 
 
 def _random(spec, rng):
@@ -170,6 +165,9 @@ def test_grad_command_prints_rewrites_dnf_and_the_check(capsys):
     # the query rows, whose maxima depend on them
     code, out, err = run(capsys, "grad", "attention_fwd", "--no-rewrites")
     assert code == 1 and "FAIL: dK, dV recompute a reduction" in err
+    # the registered MLP backward stores transposed operands this spec does not name
+    code, out, _ = run(capsys, "grad", "mlp_fwd")
+    assert code == 0 and "temporaries: dH(batch, n, dff), V(batch, n, dff)" in out
     code, out, _ = run(capsys, "grad", "rmsnorm_fwd", "--wrt", "x", "--shape")
     assert code == 0 and "gradients dx\n" in out and "rewrites: kept statistic (1)" in out
 

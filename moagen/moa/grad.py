@@ -106,7 +106,7 @@ def derive(spec: KernelSpec, wrt=None, cotangents: Optional[Sequence[str]] = Non
                          inputs=_inputs(results, (*spec.inputs, *saved.values(),
                                                   *given.values()), order, spec.name),
                          scalars=tuple(s for s in spec.scalars if any(
-                             n == E.Scalar(s) for o in results for n in _walk(o.value))),
+                             n == E.Scalar(s) for o in results for n in E.walk(o.value))),
                          outputs=tuple(results), given=spec.given)
     derived.validate()
     return Derivation(derived, tuple(applied.items()))
@@ -139,7 +139,7 @@ def _checked(spec, wrt, cotangents):
 
 def _inputs(results, candidates, order, forward):
     """The candidates the results read, in `order` if given."""
-    used = {n.name for o in results for n in _walk(o.value) if isinstance(n, E.Array)}
+    used = {n.name for o in results for n in E.walk(o.value) if isinstance(n, E.Array)}
     inputs = [a for a in candidates if a.name in used]
     if order is not None:
         missing = [a.name for a in inputs if a.name not in order]
@@ -577,9 +577,4 @@ def _postorder(node, seen, order):
         _postorder(child, seen, order)
     order.append(node)
 
-
-def _walk(node):
-    yield node
-    for _, child in node.children():
-        yield from _walk(child)
 
