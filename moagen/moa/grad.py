@@ -17,9 +17,8 @@ node's cotangent the sum of what its users send it, by one rule per node kind:
     softmax (stable)         ->  dS = P * omega(-, G, delta), delta = rowsum(G * P)
 
 A cotangent may be a *cell*: an expression of a prefix of the node's shape that stands for
-its broadcast over the trailing axes (the cotangent of a row sum is one number a row). It
-is combined with full arrays by omega; only where a rule needs the whole array (an input's
-gradient, an inner product) is it spread by a Lift.
+its broadcast over the trailing axes (the cotangent of a row sum is one number a row);
+moagen.moa.cotangents combines them.
 
 The row max of a stable softmax is a shift that cancels (softmax and logsumexp do not
 change when every score of a row moves by the same amount), so the softmax is one rule and
@@ -34,9 +33,8 @@ delta from the output).
 from dataclasses import dataclass, replace
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
-import sympy
-
 from moagen.errors import SpecError
+from moagen.moa import cotangents as C
 from moagen.moa import expr as E
 from moagen.moa import rewrites as R
 from moagen.moa.rewrites import stable_softmax
@@ -229,7 +227,7 @@ class _Adjoints:
 
     def _send(self, node, contribution):
         # a later user's share first: the sum reads as the forward's operands (dU Wg^T + dV Wu^T)
-        self.cot[node] = _add(contribution, self.cot[node]) if node in self.cot else contribution
+        self.cot[node] = C.add(contribution, self.cot[node]) if node in self.cot else contribution
 
     def value(self, node):
         """The node as the DAG names it (its Named wrapper), so that a rewrite or a variant
@@ -246,7 +244,7 @@ class _Adjoints:
             return []
         if isinstance(node, E.Named):
             softmax = stable_softmax(node.value)
-            if _rank(g) == len(shape) and shape:
+            if C.rank(g) == len(shape) and shape:
                 g = E.named("d" + node.label, g, node.index)
             if softmax:
                 return self._softmax(node, softmax, g)
@@ -258,17 +256,17 @@ class _Adjoints:
             elif node.op == "-":
                 shares = [(left, g), (right, -g)]
             elif node.op == "*":
-                shares = [(left, _times(g, self.value(right))),
-                          (right, _times(g, self.value(left)))]
+                shares = [(left, C.times(g, self.value(right))),
+                          (right, C.times(g, self.value(left)))]
             elif node.op == "/":
                 r = self.value(right)
-                shares = [(left, _over(g, r)),
-                          (right, -_over(_times(g, self.value(left)), r * r))]
+                shares = [(left, C.over(g, r)),
+                          (right, -C.over(C.times(g, self.value(left)), r * r))]
             else:
                 raise SpecError(f"grad: no adjoint rule for {E.describe(node)} (elementwise "
                                 "max and min, comparisons)")
             names = self.names[node]
-            return [(child, _fit(share, shape, child, names)) for child, share in shares]
+            return [(child, C.fit(share, shape, child, names)) for child, share in shares]
         if isinstance(node, E.Map):
             return [(node.arg, self._map(node, g))]
         if isinstance(node, E.Reduce):
@@ -282,26 +280,26 @@ class _Adjoints:
                 return [(node.array, g)]  # a cell: spread along the last axis where used
             # spread along the summed axis by a Lift (which puts it first), moved to ax
             spread = E.Lift((f"spread_{node.var}",), (shape_of(node.array)[ax],),
-                            _full(g, shape, node))
+                            C.full(g, shape, node))
             perm = tuple(range(1, ax + 1)) + (0,) + tuple(range(ax + 1, rank))
             return [(node.array, E.Transpose(perm, spread))]
         if isinstance(node, E.Inner):
-            return self._inner(node, _full(g, shape, node))
+            return self._inner(node, C.full(g, shape, node))
         if isinstance(node, E.Outer):
             if node.op in E.COMPARISONS:
                 return []
-            return self._outer(node, _full(g, shape, node))
+            return self._outer(node, C.full(g, shape, node))
         if isinstance(node, E.Omega):
             return self._omega(node, g, shape)
         if isinstance(node, E.Where):
-            g, names = _full(g, shape, node), self.names[node]
-            return [(node.then, _fit(E.where(node.cond, g, 0.0), shape, node.then, names)),
-                    (node.other, _fit(E.where(node.cond, 0.0, g), shape, node.other, names))]
+            g, names = C.full(g, shape, node), self.names[node]
+            return [(node.then, C.fit(E.where(node.cond, g, 0.0), shape, node.then, names)),
+                    (node.other, C.fit(E.where(node.cond, 0.0, g), shape, node.other, names))]
         if isinstance(node, E.Transpose):
             inverse = [0] * len(node.perm)
             for k, p in enumerate(node.perm):
                 inverse[p] = k
-            return [(node.array, _transpose(tuple(inverse), _full(g, shape, node)))]
+            return [(node.array, C.transpose(tuple(inverse), C.full(g, shape, node)))]
         raise SpecError(f"grad: no adjoint rule for {E.describe(node)} yet")
 
     def _leaf(self, node, g):
@@ -318,22 +316,22 @@ class _Adjoints:
             array, key = node.array, (node.array.name, names)
         else:
             array, key = node, (node.name, ())
-        g = _full(g, shape_of(node), node)
-        self.leaves[key] = _add(self.leaves[key], g) if key in self.leaves else g
+        g = C.full(g, shape_of(node), node)
+        self.leaves[key] = C.add(self.leaves[key], g) if key in self.leaves else g
 
     def _map(self, node, g):
         y, x = self.value(node), self.value(node.arg)
         if node.fn == "exp":
-            return _times(g, y)
+            return C.times(g, y)
         if node.fn == "log":
-            return _over(g, x)
+            return C.over(g, x)
         if node.fn == "sqrt":
-            return _over(_times(g, E.Const(0.5)), y)
+            return C.over(C.times(g, E.Const(0.5)), y)
         if node.fn == "rsqrt":  # d x^(-1/2) = -1/2 x^(-3/2) = -1/2 y^3
-            return _times(g, -0.5 * (y * y * y))
+            return C.times(g, -0.5 * (y * y * y))
         if node.fn == "silu":  # sigmoid(x) (1 + x (1 - sigmoid(x)))
             s = 1.0 / (1.0 + E.exp(-x))
-            return _times(g, s * (1.0 + x * (1.0 - s)))
+            return C.times(g, s * (1.0 + x * (1.0 - s)))
         if node.fn == "neg":
             return -g
         raise SpecError(f"grad: no adjoint rule for {E.describe(node)}")
@@ -347,9 +345,9 @@ class _Adjoints:
             raise SpecError(f"grad: {E.describe(node)}: operands of rank 1 or 2 only")
         # dA[p, k] = sum_q G[p, q] B[k, q];  dB[k, q] = sum_p A[p, k] G[p, q]
         names = self.names[node]
-        d_left = (_inner(g, _transpose((1, 0), right), names[-1])
+        d_left = (C.inner(g, C.transpose((1, 0), right), names[-1])
                   if ranks[1] == 2 else E.outer("*", g, right))
-        d_right = (_inner(_transpose((1, 0), left), g, names[0])
+        d_right = (C.inner(C.transpose((1, 0), left), g, names[0])
                    if ranks[0] == 2 else E.outer("*", left, g))
         return [(node.left, d_left), (node.right, d_right)]
 
@@ -358,22 +356,22 @@ class _Adjoints:
             raise SpecError(f"grad: {E.describe(node)}: only the outer product of two vectors "
                             "has a rule")
         names = self.names[node]
-        return [(node.left, _inner(g, self.value(node.right), names[-1])),
-                (node.right, _inner(self.value(node.left), g, names[0]))]
+        return [(node.left, C.inner(g, self.value(node.right), names[-1])),
+                (node.right, C.inner(self.value(node.left), g, names[0]))]
 
     def _omega(self, node, g, shape):
         array, cell = node.array, node.cell
         k, names = len(shape_of(cell)), self.names[node]
         if node.op == "+":
-            return [(array, g), (cell, _total(g, shape, k, names))]
+            return [(array, g), (cell, C.total(g, shape, k, names))]
         if node.op == "-":
-            return [(array, g), (cell, -_total(g, shape, k, names))]
+            return [(array, g), (cell, -C.total(g, shape, k, names))]
         a, c = self.value(array), self.value(cell)
         if node.op == "*":
-            return [(array, _times(g, c)), (cell, _total(_times(g, a), shape, k, names))]
+            return [(array, C.times(g, c)), (cell, C.total(C.times(g, a), shape, k, names))]
         if node.op == "/":
-            return [(array, _over(g, c)),
-                    (cell, -_total(_times(g, a), shape, k, names) / (c * c))]
+            return [(array, C.over(g, c)),
+                    (cell, -C.total(C.times(g, a), shape, k, names) / (c * c))]
         raise SpecError(f"grad: no adjoint rule for {E.describe(node)}")
 
     def _softmax(self, probs, parts, g):
@@ -381,30 +379,16 @@ class _Adjoints:
         sums of G * P (a Named row statistic, one number a row)."""
         scores, _ = parts
         shape = shape_of(probs)
-        g = _full(g, shape, probs)
+        g = C.full(g, shape, probs)
         rows = probs.index[:len(shape) - 1] if isinstance(probs, E.Named) else ("i",)
         delta = E.named("delta", E.reduce("+", g * probs, axis=len(shape) - 1,
                                           var=self.names[probs][-1], name="rowdot"),
                         index=rows)
-        return [(scores, probs * _omega_op("-", g, delta))]
-
-
-def _inner(left, right, var):
-    """left +.x right over var; its accumulator named after two inputs it reads directly
-    (dO V^T: dov), else acc."""
-    reads = [_read(x) for x in (left, right)]
-    name = "".join(reads).lower() if all(reads) else "acc"
-    return E.inner(left, right, var=var, name=name)
-
-
-def _read(node):
-    while isinstance(node, (E.Transpose, E.Psi)):
-        node = node.array
-    return node.name if isinstance(node, E.Array) else None
+        return [(scores, probs * C.omega_op("-", g, delta))]
 
 
 def _default_names(node):
-    return tuple(f"k{a}" for a in range(_rank(node)))
+    return tuple(f"k{a}" for a in range(C.rank(node)))
 
 
 def _child_names(node, names):
@@ -414,13 +398,13 @@ def _child_names(node, names):
         own = node.index[:len(names)]
         return [(node.value, own if len(own) == len(names) else names)]
     if isinstance(node, E.Inner):
-        cut = _rank(node.left) - 1
+        cut = C.rank(node.left) - 1
         return [(node.left, names[:cut] + (node.var,)), (node.right, (node.var,) + names[cut:])]
     if isinstance(node, E.Outer):
-        cut = _rank(node.left)
+        cut = C.rank(node.left)
         return [(node.left, names[:cut]), (node.right, names[cut:])]
     if isinstance(node, E.Reduce):
-        ax = node.axis % _rank(node.array)
+        ax = node.axis % C.rank(node.array)
         return [(node.array, names[:ax] + (node.var,) + names[ax:])]
     if isinstance(node, E.Psi):
         return [(node.array, tuple(str(i) for i in node.index) + names)]
@@ -429,120 +413,7 @@ def _child_names(node, names):
         for k, p in enumerate(node.perm):
             source[p] = names[k]
         return [(node.array, tuple(source))]
-    return [(child, names[:_rank(child)]) for _, child in node.children()]
-
-
-# ---- cotangent arithmetic: cells combine by omega ---------------------------------------
-
-def _rank(e):
-    return len(shape_of(e))
-
-
-def _omega_op(op, a, b):
-    """a op b for cells of one shape's prefixes (the higher rank first)."""
-    if _rank(a) == _rank(b) or _rank(b) == 0 or _rank(a) == 0:
-        return E.BinOp(op, a, b)
-    return E.omega(op, a, b)
-
-
-def _times(a, b):
-    if 0 < _rank(a) < _rank(b):
-        return E.omega("*", b, a)
-    if 0 < _rank(b) < _rank(a):
-        return E.omega("*", a, b)
-    if isinstance(b, (E.Scalar, E.Const)):  # a scale reads first, as the math is written
-        return E.BinOp("*", b, a)
-    return E.BinOp("*", a, b)
-
-
-def _over(a, b):
-    if _rank(a) < _rank(b) and _rank(a) > 0:
-        return E.omega("*", 1.0 / b, a)
-    return _omega_op("/", a, b)
-
-
-def _add(a, b):
-    if a == b:
-        return _fold(2.0, a)
-    if _rank(a) < _rank(b):
-        a, b = b, a
-    return _omega_op("+", a, b)
-
-
-def _fold(c, e):
-    """c * e with c multiplied into a constant factor of e's products where it has one
-    (2 * (g * (-0.5 * y)) is g * -y)."""
-    def into(x):
-        if isinstance(x, E.Const):
-            return E.Const(c * x.value)
-        if isinstance(x, E.BinOp) and x.op in "*/":
-            for side in ("left", "right") if x.op == "*" else ("left",):
-                folded = into(getattr(x, side))
-                if folded is not None:
-                    return replace(x, **{side: folded})
-        if isinstance(x, E.Map) and x.fn == "neg":
-            folded = into(x.arg)
-            return None if folded is None else E.Map("neg", folded)
-        return None
-
-    folded = into(e)
-    return E.BinOp("*", E.Const(c), e) if folded is None else _unit(folded)
-
-
-def _unit(e):
-    """e with a factor 1.0 dropped and -1.0 turned into a negation."""
-    if isinstance(e, E.BinOp) and e.op in "*/":
-        left, right = _unit(e.left), _unit(e.right)
-        if e.op == "*" and left in (E.Const(1.0), E.Const(-1.0)):
-            return right if left == E.Const(1.0) else -right
-        return replace(e, left=left, right=right)
-    return e
-
-
-def _total(g, shape, k, names):
-    """The sum of cotangent g (a cell of `shape`, whose axes are `names`) over every axis
-    past the first k."""
-    broadcast = shape[max(k, _rank(g)):]
-    while _rank(g) > k:
-        g = E.reduce("+", g, axis=_rank(g) - 1, var=names[_rank(g) - 1], name="total")
-    if broadcast:
-        g = g * E.Dim(sympy.Mul(*broadcast))
-    return g
-
-
-def _fit(share, shape, child, names):
-    """A share of a node's cotangent for a child the node extends from shape ()."""
-    if not shape_of(child) and shape:
-        return _total(share, shape, 0, names)
-    return share
-
-
-def _full(g, shape, node):
-    """g as an array of node's whole shape: a cell is broadcast along the trailing axes, by
-    a Lift over them (which puts them first) and a transpose that moves them last."""
-    k = _rank(g)
-    trailing = tuple(shape[k:])
-    if not trailing:
-        return g
-    lifted = E.Lift(tuple(f"spread{a}" for a in range(len(trailing))), trailing, g)
-    if k == 0:
-        return lifted
-    return E.Transpose(tuple(range(len(trailing), len(shape))) + tuple(range(len(trailing))),
-                       lifted)
-
-
-def _transpose(perm, g):
-    """perm applied to g, a transpose of a transpose composed away."""
-    if list(perm) == sorted(perm):
-        return g
-    if perm == (1, 0) and isinstance(g, E.Inner) and _rank(g.left) == _rank(g.right) == 2:
-        # (A B)^T = B^T A^T: the gradient of a transposed operand as the math writes it
-        return E.inner(_transpose(perm, g.right), _transpose(perm, g.left), g.add, g.mul,
-                       g.var, g.name)
-    if isinstance(g, E.Transpose):
-        composed = tuple(g.perm[p] for p in perm)
-        return g.array if list(composed) == sorted(composed) else E.Transpose(composed, g.array)
-    return E.Transpose(tuple(perm), g)
+    return [(child, names[:C.rank(child)]) for _, child in node.children()]
 
 
 # ---- from the body's leaves to the gradients -------------------------------------------
