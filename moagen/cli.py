@@ -90,10 +90,11 @@ def _parser():
 
 
 def cmd_list(args):
-    from moagen.kernels import KERNELS
+    from moagen.kernels import ALIASES, KERNELS
     for kernel in KERNELS.values():
         variants = [name + _defaults_text(variant) for name, variant in kernel.variants.items()]
-        print(f"{kernel.name}: {', '.join(variants)}")
+        also = "".join(f" (= {a})" for a, name in ALIASES.items() if name == kernel.name)
+        print(f"{kernel.name}{also}: {', '.join(variants)}")
 
 
 def _defaults_text(variant):

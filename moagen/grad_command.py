@@ -17,8 +17,8 @@ def add_parser(sub):
                    help="an output given a cotangent (repeatable); default: as declared, else "
                         "every output")
     p.add_argument("--materialize", action="append", metavar="LABEL",
-                   help="a Named intermediate the DNF stores (repeatable); default: those of "
-                        "the registered <kernel>_vjp's first variant, else none")
+                   help="a Named intermediate the DNF stores (repeatable); default: what the "
+                        "registered <kernel>_vjp's first variant past naive stores, else none")
     p.add_argument("--no-rewrites", action="store_true",
                    help="the plain reverse-mode result, before moagen.moa.rewrites")
     p.add_argument("--shape", action="store_true", help="print the derived spec node by node")
@@ -34,9 +34,8 @@ def declared():
 
 def run(args):
     from moagen.cli import print_shapes
-    from moagen.kernels import KERNELS, get_kernel
+    from moagen.kernels import ALIASES, KERNELS, get_kernel
     from moagen.moa.dnf import format_dnf, psi_reduce
-    from moagen.moa.expr import Named, walk
     from moagen.moa.grad import derive
     from moagen.moa.rewrites import quadratic_temporaries, recomputed_reductions
     from moagen.moa.shape import fmt_shape
@@ -55,12 +54,7 @@ def run(args):
         options["rewrites"] = ()
     derivation = derive(kernel.spec, **options)
     spec = derivation.spec
-    registered = KERNELS.get(spec.name)
-    # by default what the registered kernel's first variant stores, of what this spec names
-    # (the registered MLP backward also names the transposed operands its variants store)
-    named = {n.label for o in spec.outputs for n in walk(o.value) if isinstance(n, Named)}
-    materialize = set(args.materialize or (registered.variant().materialize & named
-                                           if registered else ()))
+    materialize = set(args.materialize or _stored(spec, KERNELS.get(ALIASES.get(spec.name))))
     dnf = psi_reduce(spec, materialize)
     print(f"{spec.name}: derived from {kernel.name}; cotangents "
           + ", ".join(a.name for a in spec.inputs if a.name.startswith("d")) + "; gradients "
@@ -87,3 +81,17 @@ def run(args):
     print("no n x n temporary, no reduction recomputed per term")
     return 0
 
+
+
+def _stored(spec, registered):
+    """What the registered backward's first variant past naive (the framework's way, which
+    stores P) stores, of the intermediates this spec names (the registered MLP backward also
+    names the transposed operands its variants store); nothing if none is registered."""
+    from moagen.moa.expr import Named, walk
+
+    if registered is None:
+        return set()
+    lean = next((v for name, v in registered.variants.items() if name != "naive"),
+                registered.variant())
+    named = {n.label for o in spec.outputs for n in walk(o.value) if isinstance(n, Named)}
+    return lean.materialize & named

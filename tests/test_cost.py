@@ -31,10 +31,9 @@ TINY = {"attention_decode": dict(batch=1, q_heads=4, kv_heads=2, cap=20, d=3, n=
         "rmsnorm_fwd": dict(batch=2, n=5, d=3),
         # rows a multiple of the 16 partial sums; register tiles of 6 rows x 8 columns, the
         # MLP's in blocks of 96 rows; the block's attention in key blocks of 64
-        "rmsnorm_bwd": dict(batch=2, n=32, d=3), "rmsnorm_fwd_vjp": dict(batch=2, n=32, d=3),
-        "rmsnorm_apply": dict(batch=2, n=5, d=3),
+        "rmsnorm_bwd": dict(batch=2, n=32, d=3), "rmsnorm_apply": dict(batch=2, n=5, d=3),
         # (a weight's gradient has the weight's rows: 24 is a multiple of both)
-        **{k: dict(batch=1, n=96, dm=24, dff=24) for k in ("mlp_fwd", "mlp_bwd", "mlp_fwd_vjp")},
+        "mlp_fwd": dict(batch=1, n=96, dm=24, dff=24), "mlp_bwd": dict(batch=1, n=96, dm=24, dff=24),
         **{k: dict(batch=1, n=6, dm=24, heads=1, dh=24)
            for k in ("qkv_proj", "qkv_proj_bwd", "out_proj", "out_proj_bwd")},
         "residual_add": dict(batch=2, n=3, dm=4),

@@ -80,12 +80,9 @@ VARIANTS = {
 }
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]
-
-# registered as well under the name a derived backward has, <forward>_vjp, with the variants
-# that keep memory O(n d) (naive, the framework's way, stays with attention_bwd)
-LINEAR = {name: v for name, v in VARIANTS.items() if name != "naive"}
-KERNELS += [(spec(False, "attention_fwd_vjp"), LINEAR),
-            (spec(True, "attention_fwd_causal_vjp"), LINEAR)]
+# the names a derived backward has (moagen.kernels.ALIASES)
+ALIASES = {"attention_fwd_vjp": "attention_bwd",
+           "attention_fwd_causal_vjp": "attention_bwd_causal"}
 
 
 def _forward_of(causal):
@@ -98,8 +95,7 @@ def _forward_of(causal):
 
 
 # what verification and the benchmarks run these kernels on (moagen.kernels.cases)
-CASES = (("attention_bwd", False), ("attention_bwd_causal", True), ("attention_fwd_vjp", False),
-         ("attention_fwd_causal_vjp", True))
+CASES = (("attention_bwd", False), ("attention_bwd_causal", True))
 CHECKS = {name: Check(references(reference.attention_bwd_numpy, reference.attention_bwd_torch,
                                  causal=causal), CHECK_SIZES, softmax_scale,
                       inputs=_forward_of(causal))
