@@ -159,7 +159,14 @@ KERNELS = {k.name: k for module in MODULES
            for k in (_kernel(module, *entry) for entry in module.KERNELS)}
 
 
+# the name a derived backward has, <forward>_vjp (moagen.moa.grad), for the kernels that are
+# one: the same kernel as its own name
+ALIASES = {alias: name for module in MODULES
+           for alias, name in getattr(module, "ALIASES", {}).items()}
+
+
 def get_kernel(name: str):
+    name = ALIASES.get(name, name)
     if name not in KERNELS:
         raise UnknownNameError(f"unknown kernel {name!r}; known kernels: {', '.join(KERNELS)}")
     return KERNELS[name]
