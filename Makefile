@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 MOAGEN := $(VENV)/bin/moagen
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all generated build verify verify-cuda-emulated test bench clean
+.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks gpu-dry-run test bench example-lm clean
 
 all: generated build
 
@@ -26,11 +26,17 @@ verify: $(VENV)/.installed
 verify-cuda-emulated: $(VENV)/.installed  # every CUDA kernel run on the host, no GPU needed
 	$(MOAGEN) verify --lang cuda --emulate
 
+.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks gpu-dry-run test bench clean
+
 test: $(VENV)/.installed
 	$(PYTHON) -m pytest -q
 
 bench: $(VENV)/.installed  # the full sweep; BENCH_ARGS=--quick for a sanity run
 	$(MOAGEN) bench $(BENCH_ARGS)
+
+example-lm: $(VENV)/.installed  # moagen.torch on a tiny char LM against PyTorch (minutes)
+	$(PYTHON) examples/train_tiny_lm.py $(EXAMPLE_ARGS)
+	$(PYTHON) examples/train_tiny_lm.py --memory 2048 4096
 
 clean:
 	rm -rf build

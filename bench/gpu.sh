@@ -1,47 +1,181 @@
 #!/bin/bash
-# The GPU checks of moagen, on a machine with an NVIDIA GPU: verify the CUDA kernels against
-# numpy and PyTorch, then run the atomics experiment (paper V, result 1) in CUDA and C.
-# Results are JSON lines in the format of `moagen bench` (run, result records), under OUT.
+# The GPU checks of moagen, on a machine with an NVIDIA GPU and no network (an H200: python3
+# 3.12 with torch, cupy, cuda-python and nvcc 13; no cffi). In under 8 minutes:
+#   1. every CUDA kernel, variant and dtype verified on the device against numpy and PyTorch,
+#      and the device-resident calls (torch tensors, cupy arrays) tested (tests/test_cuda_gpu.py);
+#   2. the atomics experiment (paper V, result 1) in CUDA: fused atomic vs owner vs separate;
+#   3. `moagen bench --lang cuda` against PyTorch's SDPA on the same GPU, float32 and float64,
+#      d 64 and 128, n 1024 to 16384, by CUDA events on device-resident arrays; and decode
+#      (flash-decoding's split) against SDPA and the device's copy bandwidth;
+#   4. OpenACC C, C without restrict and Fortran timed next to CUDA, where gcc offloads there;
+# results, summaries and plots under WORK, packed into one archive in OUT
+# (gpu-results.tar.gz) next to the machine, verification, atomics and bench summaries: a
+# device machine hands back a few files of OUT, not a tree.
 #
-#   bench/gpu.sh prepare          # here, with network: wheels and pycuda's source into wheelhouse/
-#   OUT=/some/dir bench/gpu.sh    # there (no network needed): install, verify, atomics
+#   bench/gpu.sh prepare            # here, with network: the wheels the GPU machine lacks
+#   OUT=/some/dir bench/gpu.sh      # there: carry wheelhouse/ with the working tree
+#   bench/gpu.sh --dry-run          # here, no GPU: every step on the CUDA emulation, small sizes
 #
-# pycuda ships as source only and links against the CUDA driver (libcuda), so it is built
-# on the GPU machine itself, from the source distribution `prepare` downloaded.
-set -euo pipefail
+# Each step is a function, run under a time limit of its own (a new step: a function, and
+# its line in main); the script goes on after a failed step (what it measured stays in its
+# JSON lines), then exits non-zero if any step failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=wheelhouse
-PYCUDA=pycuda==2026.1
 PY=${PYTHON:-python3}
+FAILED=()
+
+prepare() {
+    local pyver=${PYVER:-3.12}  # the GPU machine's Python
+    mkdir -p "$WHEELS"
+    "$PY" -m pip download --no-deps --only-binary=:all: --python-version "$pyver" \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d "$WHEELS" cffi==2.0.0 pycparser==2.23
+    echo "wheels in $WHEELS; carry it to the GPU machine"
+}
+
+# moagen from this checkout, and the wheels the machine lacks, in a private site folder
+setup_python() {
+    if ! "$PY" -c "import cffi" 2>/dev/null; then
+        [ -d "$WHEELS" ] || { echo "no cffi and no $WHEELS/: run 'bench/gpu.sh prepare' where there is network" >&2; exit 2; }
+        "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
+    fi
+    export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    export MOAGEN_BUILD_DIR=${MOAGEN_BUILD_DIR:-$PWD/build/gpu}
+    # machine code for the H200 itself (nvcc's default target is older, JIT-compiled PTX)
+    export MOAGEN_NVCCFLAGS=${MOAGEN_NVCCFLAGS:--O3 -arch=sm_90}
+}
+
+# step NAME SECONDS FUNCTION [ARGS...]: one step under its limit, its output in WORK/NAME.txt
+step() {
+    local name=$1 limit=$(($2 * LIMIT_SCALE)) start=$SECONDS
+    shift 2
+    echo "== $name (limit ${limit}s): $*"
+    export -f "$1"
+    if timeout "$limit" bash -c '"$@"' step "$@" > "$WORK/$name.txt" 2>&1; then
+        echo "   ok in $((SECONDS - start)) s"
+    else
+        echo "   FAILED ($?) after $((SECONDS - start)) s; the end of $WORK/$name.txt:"
+        tail -n 25 "$WORK/$name.txt" | sed 's/^/   | /'
+        FAILED+=("$name")
+    fi
+}
+
+record_machine() {
+    { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+      nvcc --version | tail -n 2 || true
+      "$PY" -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)"
+      "$PY" -m pip list 2>/dev/null | grep -iE '^(cuda-bindings|cupy|cffi) ' || true
+    } > "$WORK/machine.txt" 2>&1
+    cat "$WORK/machine.txt"
+}
+
+# every kernel variant (of VERIFY_KERNELS), both dtypes, a process each, in parallel: the
+# nvcc builds are most of the time; each variant's table printed as it is done
+verify_cuda() {
+    "$PY" -c "import sys; from moagen.kernels import get_kernel
+for k in sys.argv[1:]: print(*(f'{k} {v}' for v in get_kernel(k).variants), sep='\n')" \
+        $VERIFY_KERNELS |
+        xargs -P "$JOBS" -L 1 sh -c '"$0" -m moagen.cli verify --lang "$CUDA" "$1" --variant "$2" \
+            > "$WORK/verify/$1-$2.txt" 2>&1 || echo "$1 $2" >> "$WORK/verify/failed"
+            cat "$WORK/verify/$1-$2.txt"' "$PY"
+    [ ! -e "$WORK/verify/failed" ]
+}
+
+device_arrays() {
+    "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_gpu.py
+}
+
+atomics() {
+    "$PY" -m moagen.cli bench atomics --lang "$CUDA" --n $ATOMICS_N $DRY_RUN \
+        --out "$WORK/atomics.jsonl"
+}
+
+# attention forward against SDPA on the same GPU: bench_vs_sdpa DTYPE D
+bench_vs_sdpa() {
+    "$PY" -m moagen.cli bench --lang "$CUDA" --kernels $BENCH_KERNELS --dtype "$1" --size d="$2" \
+        --n $BENCH_N --threads "$JOBS" --baselines torch --untuned $DRY_RUN \
+        --out "$WORK/bench-$1-d$2.jsonl"
+}
+
+# decode, a memory-bound kernel: its GB/s against the device's copy bandwidth (% copy)
+bench_decode() {
+    "$PY" -m moagen.cli bench --lang "$CUDA" --kernels attention_decode:split --dtype float32 \
+        --n $DECODE_N --threads "$JOBS" --baselines torch --untuned $DRY_RUN \
+        --out "$WORK/bench-decode.jsonl"
+}
+
+# result 3 on the GPU (docs/OPENACC.md): OpenACC C, C without restrict and Fortran, built with
+# gcc's nvptx offloading there (gcc-12-offload-nvptx, or gcc-N-offload-nvptx; libgomp's nvptx
+# plugin runs them), timed next to the CUDA kernel of the same variant; and their device code
+openacc_c_vs_fortran() {
+    if ! "$PY" -c "from moagen.targets.openacc import devices; raise SystemExit(devices() == 0)"; then
+        echo "OpenACC: libgomp finds no GPU (no libgomp-plugin-nvptx?): skipped"
+        return 0
+    fi
+    "$PY" -m moagen.cli verify --lang openacc-c --lang openacc-fortran rmsnorm_bwd mlp_bwd
+    "$PY" -m moagen.cli bench c-vs-fortran --target openacc --out "$WORK/openacc.jsonl"
+    PATH=/usr/local/cuda/bin:$PATH "$PY" -m moagen.cli bench c-vs-fortran --target openacc --ptx \
+        --kernels mlp_bwd mlp_fwd --out "$WORK/openacc-ptx.jsonl"
+}
+
+# summaries and plots of whatever was measured (a step cut short writes none itself), then
+# into OUT: one archive of everything, and the texts to read first
+pack() {
+    local results
+    for results in "$WORK"/*.jsonl; do
+        [ -e "$results" ] && "$PY" -m moagen.cli report "$results" > /dev/null
+    done
+    tar -czf "$OUT/gpu-results.tar.gz" -C "$WORK" .
+    cp "$WORK"/machine.txt "$WORK"/verify-cuda.txt "$WORK"/atomics.txt "$WORK"/openacc.txt "$OUT"/ \
+        2>/dev/null
+    cat "$WORK"/bench-*/summary.md > "$OUT/bench-summary.md" 2>/dev/null
+    echo "results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+}
+
+main() {
+    export OUT=${OUT:-bench-results/gpu} WORK=${WORK:-/tmp/moagen-gpu} PY
+    SITE=${SITE:-/tmp/moagen-site}
+    export JOBS=$(nproc)
+    rm -rf "$WORK"
+    mkdir -p "$OUT" "$WORK/verify"
+    if [ "${1:-}" = --dry-run ]; then
+        # the CUDA emulation in the GPU's place; the same commands, sizes a 2-core machine runs
+        export CUDA=cuda-emulated DRY_RUN=--dry-run ATOMICS_N="16" BENCH_N="32 64" DECODE_N="40"
+        LIMIT_SCALE=4  # a shared 2-core machine running a GPU's threads
+        local kernels="rmsnorm_fwd attention_decode"  # all: make verify-cuda-emulated
+        local sizes="float32:16 float64:16"
+    else
+        export CUDA=cuda DRY_RUN= ATOMICS_N="256 1024 2048" BENCH_N="1024 2048 4096 8192 16384"
+        export DECODE_N="8192 32768"
+        LIMIT_SCALE=1
+        local kernels=all
+        local sizes="float32:64 float32:128 float64:64 float64:128"
+    fi
+    export BENCH_KERNELS="attention_fwd:online"
+    setup_python
+    [ "$kernels" != all ] || kernels=$("$PY" -c "from moagen.kernels import KERNELS; print(*KERNELS)")
+    export VERIFY_KERNELS=$kernels
+    record_machine
+    # limits that add up to under 8 minutes
+    step verify-cuda 140 verify_cuda
+    [ -n "$DRY_RUN" ] || step device-arrays 45 device_arrays
+    step atomics 70 atomics
+    local size
+    for size in $sizes; do
+        step "bench-${size/:/-d}" 40 bench_vs_sdpa "${size%:*}" "${size#*:}"
+    done
+    step bench-decode 30 bench_decode
+    step openacc 40 openacc_c_vs_fortran
+    pack
+    if [ ${#FAILED[@]} -gt 0 ]; then
+        echo "failed steps: ${FAILED[*]}"
+        exit 1
+    fi
+}
 
 if [ "${1:-}" = prepare ]; then
-    PYVER=${PYVER:-3.12}  # the GPU machine's Python
-    mkdir -p "$WHEELS"
-    "$PY" -m pip download --no-deps --no-binary :all: -d "$WHEELS" "$PYCUDA"
-    # pycuda's build and run dependencies, and moagen's own (torch is there already)
-    "$PY" -m pip download -d "$WHEELS" --only-binary :all: --python-version "$PYVER" \
-        --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform any \
-        pytools platformdirs mako siphash24 setuptools wheel numpy==2.4.6 \
-        jinja2==3.1.6 sympy==1.14.0 cffi==2.0.0 f90wrap==0.3.0 meson==1.12.1 ninja==1.13.2 \
-        matplotlib==3.11.2 pytest==9.0.3
-    echo "wheels in $WHEELS; carry it to the GPU machine"
-    exit 0
+    prepare
+else
+    main "$@"
 fi
-
-OUT=${OUT:-bench-results/gpu}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
-if ! "$PY" -c "import pycuda.driver" 2>/dev/null; then
-    [ -d "$WHEELS" ] || { echo "no pycuda and no $WHEELS/: run 'bench/gpu.sh prepare' where there is network" >&2; exit 2; }
-    export PATH=/usr/local/cuda/bin:$PATH CUDA_ROOT=${CUDA_ROOT:-/usr/local/cuda}
-    "$PY" -m pip install --no-index --find-links "$WHEELS" --no-build-isolation "$PYCUDA"
-fi
-"$PY" -m pip install --no-index --find-links "$WHEELS" --no-deps -e . 2>/dev/null \
-    || "$PY" -m pip install --no-index --find-links "$WHEELS" -e .
-export MOAGEN_BUILD_DIR=${MOAGEN_BUILD_DIR:-build-gpu}
-# the CUDA kernels against numpy and PyTorch; a failure stops the script (set -e)
-"$PY" -m moagen.cli verify --lang cuda | tee "$OUT/verify-cuda.txt"
-# result 1 on the GPU: fused atomic vs owner vs separate, in CUDA next to C (OpenMP)
-"$PY" -m moagen.cli bench atomics --lang cuda --lang c --n 256 1024 2048 --out "$OUT/atomics.jsonl" \
-    | tee "$OUT/atomics.txt"
-echo "results in $OUT"

@@ -23,16 +23,14 @@
  * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
  * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
  * stage norm2: rmsnorm_bwd dnf
- * dx[b, i, c] = (<b i> psi inv_rms)
- *               * ((<b i c> psi dz) * (<c> psi weight)
- *               - (<b i c> psi x) * (<b i> psi inv_rms)
- *               * sum[c2 < d](
- *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
- *               )
- *               / d)
+ * dx[b, i, c] = (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
+ *               + sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
+ *               * neg((<b i> psi inv_rms) * (<b i> psi inv_rms) * (<b i> psi inv_rms))
+ *               / d
+ *               * (<b i c> psi x)
  * dweight[c] = sum[b2 < batch](
  *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+ *                      (<b2 i2 c> psi dz) * (<b2 i2> psi inv_rms) * (<b2 i2 c> psi x)
  *                  )
  *              )
  * stage add2: residual_add dnf
@@ -384,12 +382,12 @@ void block_bwd_composed_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double dfw = 0.0;
-                #pragma omp simd reduction(+:dfw)
+                double dfwd = 0.0;
+                #pragma omp simd reduction(+:dfwd)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dfw += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
+                    dfwd += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
                 }
-                mlp_dH[dff*(b*n + i) + e] = dfw;
+                mlp_dH[dff*(b*n + i) + e] = dfwd;
             }
         }
     }
@@ -837,12 +835,12 @@ void block_bwd_composed_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-                double dug = 0.0;
-                #pragma omp simd reduction(+:dug)
+                double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t e = 0; e < dff; ++e) {
-                    dug += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
+                    acc += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
                 }
-                dxn2[c + dm*(b*n + i)] = dug;
+                dxn2[c + dm*(b*n + i)] = acc;
             }
         }
     }
@@ -1044,16 +1042,16 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
         for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            double batch_g = 0.0;
+            double over_b = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
-                double xdu = 0.0;
-                #pragma omp simd reduction(+:xdu)
+                double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdu += mlp_XT[i + n*(b*dm + c)] * mlp_dU[dff*(b*n + i) + e];
+                    acc += mlp_XT[i + n*(b*dm + c)] * mlp_dU[dff*(b*n + i) + e];
                 }
-                batch_g += xdu;
+                over_b += acc;
             }
-            dWg[c*dff + e] = batch_g;
+            dWg[c*dff + e] = over_b;
         }
     }
     /* mlp.dWu.pack_dV: scratch mlp_dV_panel, mlp_dV
@@ -1242,16 +1240,16 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
         for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            double batch_u = 0.0;
+            double over_b = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
-                double xdv = 0.0;
-                #pragma omp simd reduction(+:xdv)
+                double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdv += mlp_XT[i + n*(b*dm + c)] * mlp_dV[dff*(b*n + i) + e];
+                    acc += mlp_XT[i + n*(b*dm + c)] * mlp_dV[dff*(b*n + i) + e];
                 }
-                batch_u += xdv;
+                over_b += acc;
             }
-            dWu[c*dff + e] = batch_u;
+            dWu[c*dff + e] = over_b;
         }
     }
     /* mlp.HT: reads U; scratch mlp_HT, mlp_V
@@ -1452,16 +1450,16 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
         for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-            double batch_d = 0.0;
+            double over_b = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
-                double hdf = 0.0;
-                #pragma omp simd reduction(+:hdf)
+                double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    hdf += mlp_HT[i + n*(b*dff + e)] * dy[c + dm*(b*n + i)];
+                    acc += mlp_HT[i + n*(b*dff + e)] * dy[c + dm*(b*n + i)];
                 }
-                batch_d += hdf;
+                over_b += acc;
             }
-            dWd[c + dm*e] = batch_d;
+            dWd[c + dm*e] = over_b;
         }
     }
     /* norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm, dxn2
@@ -1475,17 +1473,17 @@ void block_bwd_composed_f64(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
-                double dot = 0.0;
-                #pragma omp simd reduction(+:dot)
+                double total = 0.0;
+                #pragma omp simd reduction(+:total)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    total += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)];
                 }
-                const double t2 = dot / (double)dm;
+                const double t2 = total * -(inv_rms2[b*n + i] * inv_rms2[b*n + i] * inv_rms2[b*n + i]) / (double)dm;
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    const double t = resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-                    dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - t * t2);
-                    norm2_dweight_part[c + dm*i_part] += dxn2[c + dm*(b*n + i)] * t;
+                    const double t = dxn2[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    dresid_norm[c + dm*(b*n + i)] = t * norm2[c] + t2 * resid[c + dm*(b*n + i)];
+                    norm2_dweight_part[c + dm*i_part] += t * resid[c + dm*(b*n + i)];
                 }
             }
         }
@@ -2933,17 +2931,17 @@ void block_bwd_composed_f64(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
-                double dot = 0.0;
-                #pragma omp simd reduction(+:dot)
+                double total = 0.0;
+                #pragma omp simd reduction(+:total)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    total += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)];
                 }
-                const double t2 = dot / (double)dm;
+                const double t2 = total * -(inv_rms1[b*n + i] * inv_rms1[b*n + i] * inv_rms1[b*n + i]) / (double)dm;
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    const double t = x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
-                    dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - t * t2);
-                    norm1_dweight_part[c + dm*i_part] += dxn1[c + dm*(b*n + i)] * t;
+                    const double t = dxn1[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    dx_norm[c + dm*(b*n + i)] = t * norm1[c] + t2 * x[c + dm*(b*n + i)];
+                    norm1_dweight_part[c + dm*i_part] += t * x[c + dm*(b*n + i)];
                 }
             }
         }
@@ -3262,12 +3260,12 @@ void block_bwd_composed_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                float dfw = 0.0f;
-                #pragma omp simd reduction(+:dfw)
+                float dfwd = 0.0f;
+                #pragma omp simd reduction(+:dfwd)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dfw += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
+                    dfwd += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
                 }
-                mlp_dH[dff*(b*n + i) + e] = dfw;
+                mlp_dH[dff*(b*n + i) + e] = dfwd;
             }
         }
     }
@@ -3715,12 +3713,12 @@ void block_bwd_composed_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-                float dug = 0.0f;
-                #pragma omp simd reduction(+:dug)
+                float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t e = 0; e < dff; ++e) {
-                    dug += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
+                    acc += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
                 }
-                dxn2[c + dm*(b*n + i)] = dug;
+                dxn2[c + dm*(b*n + i)] = acc;
             }
         }
     }
@@ -3922,16 +3920,16 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
         for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            float batch_g = 0.0f;
+            float over_b = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
-                float xdu = 0.0f;
-                #pragma omp simd reduction(+:xdu)
+                float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdu += mlp_XT[i + n*(b*dm + c)] * mlp_dU[dff*(b*n + i) + e];
+                    acc += mlp_XT[i + n*(b*dm + c)] * mlp_dU[dff*(b*n + i) + e];
                 }
-                batch_g += xdu;
+                over_b += acc;
             }
-            dWg[c*dff + e] = batch_g;
+            dWg[c*dff + e] = over_b;
         }
     }
     /* mlp.dWu.pack_dV: scratch mlp_dV_panel, mlp_dV
@@ -4120,16 +4118,16 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
         for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            float batch_u = 0.0f;
+            float over_b = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
-                float xdv = 0.0f;
-                #pragma omp simd reduction(+:xdv)
+                float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdv += mlp_XT[i + n*(b*dm + c)] * mlp_dV[dff*(b*n + i) + e];
+                    acc += mlp_XT[i + n*(b*dm + c)] * mlp_dV[dff*(b*n + i) + e];
                 }
-                batch_u += xdv;
+                over_b += acc;
             }
-            dWu[c*dff + e] = batch_u;
+            dWu[c*dff + e] = over_b;
         }
     }
     /* mlp.HT: reads U; scratch mlp_HT, mlp_V
@@ -4330,16 +4328,16 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
         for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-            float batch_d = 0.0f;
+            float over_b = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
-                float hdf = 0.0f;
-                #pragma omp simd reduction(+:hdf)
+                float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    hdf += mlp_HT[i + n*(b*dff + e)] * dy[c + dm*(b*n + i)];
+                    acc += mlp_HT[i + n*(b*dff + e)] * dy[c + dm*(b*n + i)];
                 }
-                batch_d += hdf;
+                over_b += acc;
             }
-            dWd[c + dm*e] = batch_d;
+            dWd[c + dm*e] = over_b;
         }
     }
     /* norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm, dxn2
@@ -4353,17 +4351,17 @@ void block_bwd_composed_f32(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
-                float dot = 0.0f;
-                #pragma omp simd reduction(+:dot)
+                float total = 0.0f;
+                #pragma omp simd reduction(+:total)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    total += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)];
                 }
-                const float t2 = dot / (float)dm;
+                const float t2 = total * -(inv_rms2[b*n + i] * inv_rms2[b*n + i] * inv_rms2[b*n + i]) / (float)dm;
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    const float t = resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-                    dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - t * t2);
-                    norm2_dweight_part[c + dm*i_part] += dxn2[c + dm*(b*n + i)] * t;
+                    const float t = dxn2[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    dresid_norm[c + dm*(b*n + i)] = t * norm2[c] + t2 * resid[c + dm*(b*n + i)];
+                    norm2_dweight_part[c + dm*i_part] += t * resid[c + dm*(b*n + i)];
                 }
             }
         }
@@ -5811,17 +5809,17 @@ void block_bwd_composed_f32(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
-                float dot = 0.0f;
-                #pragma omp simd reduction(+:dot)
+                float total = 0.0f;
+                #pragma omp simd reduction(+:total)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    total += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)];
                 }
-                const float t2 = dot / (float)dm;
+                const float t2 = total * -(inv_rms1[b*n + i] * inv_rms1[b*n + i] * inv_rms1[b*n + i]) / (float)dm;
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    const float t = x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
-                    dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - t * t2);
-                    norm1_dweight_part[c + dm*i_part] += dxn1[c + dm*(b*n + i)] * t;
+                    const float t = dxn1[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    dx_norm[c + dm*(b*n + i)] = t * norm1[c] + t2 * x[c + dm*(b*n + i)];
+                    norm1_dweight_part[c + dm*i_part] += t * x[c + dm*(b*n + i)];
                 }
             }
         }

@@ -22,16 +22,14 @@
 ! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
 ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
 ! stage norm2: rmsnorm_bwd dnf
-! dx[b, i, c] = (<b i> psi inv_rms)
-!               * ((<b i c> psi dz) * (<c> psi weight)
-!               - (<b i c> psi x) * (<b i> psi inv_rms)
-!               * sum[c2 < d](
-!                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-!               )
-!               / d)
+! dx[b, i, c] = (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
+!               + sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
+!               * neg((<b i> psi inv_rms) * (<b i> psi inv_rms) * (<b i> psi inv_rms))
+!               / d
+!               * (<b i c> psi x)
 ! dweight[c] = sum[b2 < batch](
 !                  sum[i2 < n](
-!                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+!                      (<b2 i2 c> psi dz) * (<b2 i2> psi inv_rms) * (<b2 i2 c> psi x)
 !                  )
 !              )
 ! stage add2: residual_add dnf
@@ -192,9 +190,8 @@ contains
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
-        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
-        & batch_d, hdf, dot, t2, dweight_sum, yw, batches, oy, rowdot, qk, dov, t3, heads_sum, &
-        & gw, xg
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfwd, xu, t, acc, over_b, total, t2, dweight_sum, &
+        & yw, batches, oy, rowdot, qk, dov, t3, heads_sum, gw, xg
 
     ! norm2_apply.z: reads norm2, resid, inv_rms2; scratch xn2
     ! for b, i (parallel) / c (simd)
@@ -404,16 +401,16 @@ contains
     !$omp end parallel do
     ! mlp.dH.edge: reads dy; scratch mlp_dH, mlp_WdT
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, dfw)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, dfwd)
     do b = 0, batch - 1
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
-          dfw = 0.0_c_double
-          !$omp simd reduction(+:dfw)
+          dfwd = 0.0_c_double
+          !$omp simd reduction(+:dfwd)
           do c = 0, dm - 1
-            dfw = dfw + dy(c + dm*(b*n + i)) * mlp_WdT(c*dff + e)
+            dfwd = dfwd + dy(c + dm*(b*n + i)) * mlp_WdT(c*dff + e)
           end do
-          mlp_dH(dff*(b*n + i) + e) = dfw
+          mlp_dH(dff*(b*n + i) + e) = dfwd
         end do
       end do
     end do
@@ -920,17 +917,17 @@ contains
     !$omp end parallel do
     ! mlp.dX.edge: scratch dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT
     ! for b, i (parallel) / c / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, e, dug)
+    !$omp parallel do collapse(2) schedule(static) private(c, e, acc)
     do b = 0, batch - 1
       do i = 0, n - 1
         do c = 8*((dm) / 8), dm - 1
-          dug = 0.0_c_double
-          !$omp simd reduction(+:dug)
+          acc = 0.0_c_double
+          !$omp simd reduction(+:acc)
           do e = 0, dff - 1
-            dug = dug + mlp_dU(dff*(b*n + i) + e) * mlp_WgT(c + dm*e) + mlp_dV(dff*(b*n + i) + e) &
+            acc = acc + mlp_dU(dff*(b*n + i) + e) * mlp_WgT(c + dm*e) + mlp_dV(dff*(b*n + i) + e) &
                 & * mlp_WuT(c + dm*e)
           end do
-          dxn2(c + dm*(b*n + i)) = dug
+          dxn2(c + dm*(b*n + i)) = acc
         end do
       end do
     end do
@@ -1177,19 +1174,19 @@ contains
     !$omp end parallel do
     ! mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
     ! for c (parallel) / e / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
+    !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
-        batch_g = 0.0_c_double
+        over_b = 0.0_c_double
         do b = 0, batch - 1
-          xdu = 0.0_c_double
-          !$omp simd reduction(+:xdu)
+          acc = 0.0_c_double
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            xdu = xdu + mlp_XT(i + n*(b*dm + c)) * mlp_dU(dff*(b*n + i) + e)
+            acc = acc + mlp_XT(i + n*(b*dm + c)) * mlp_dU(dff*(b*n + i) + e)
           end do
-          batch_g = batch_g + xdu
+          over_b = over_b + acc
         end do
-        dWg(c*dff + e) = batch_g
+        dWg(c*dff + e) = over_b
       end do
     end do
     !$omp end parallel do
@@ -1423,19 +1420,19 @@ contains
     !$omp end parallel do
     ! mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
     ! for c (parallel) / e / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
+    !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
-        batch_u = 0.0_c_double
+        over_b = 0.0_c_double
         do b = 0, batch - 1
-          xdv = 0.0_c_double
-          !$omp simd reduction(+:xdv)
+          acc = 0.0_c_double
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            xdv = xdv + mlp_XT(i + n*(b*dm + c)) * mlp_dV(dff*(b*n + i) + e)
+            acc = acc + mlp_XT(i + n*(b*dm + c)) * mlp_dV(dff*(b*n + i) + e)
           end do
-          batch_u = batch_u + xdv
+          over_b = over_b + acc
         end do
-        dWu(c*dff + e) = batch_u
+        dWu(c*dff + e) = over_b
       end do
     end do
     !$omp end parallel do
@@ -1682,25 +1679,25 @@ contains
     !$omp end parallel do
     ! mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
     ! for e (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, over_b, acc)
     do e = 0, dff - 1
       do c = 8*((dm) / 8), dm - 1
-        batch_d = 0.0_c_double
+        over_b = 0.0_c_double
         do b = 0, batch - 1
-          hdf = 0.0_c_double
-          !$omp simd reduction(+:hdf)
+          acc = 0.0_c_double
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            hdf = hdf + mlp_HT(i + n*(b*dff + e)) * dy(c + dm*(b*n + i))
+            acc = acc + mlp_HT(i + n*(b*dff + e)) * dy(c + dm*(b*n + i))
           end do
-          batch_d = batch_d + hdf
+          over_b = over_b + acc
         end do
-        dWd(c + dm*e) = batch_d
+        dWd(c + dm*e) = over_b
       end do
     end do
     !$omp end parallel do
     ! norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm, dxn2
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -1708,20 +1705,19 @@ contains
       end do
       do b = 0, batch - 1
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
-          dot = 0.0_c_double
-          !$omp simd reduction(+:dot)
+          total = 0.0_c_double
+          !$omp simd reduction(+:total)
           do c = 0, dm - 1
-            dot = dot + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i)) * &
-                & inv_rms2(b*n + i)
+            total = total + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i))
           end do
-          t2 = dot / real(dm, c_double)
+          t2 = total * -(inv_rms2(b*n + i) * inv_rms2(b*n + i) * inv_rms2(b*n + i)) / real(dm, &
+              & c_double)
           !$omp simd
           do c = 0, dm - 1
-            t = resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
-            dresid_norm(c + dm*(b*n + i)) = inv_rms2(b*n + i) * (dxn2(c + dm*(b*n + i)) * &
-                & norm2(c) - t * t2)
-            norm2_dweight_part(c + dm*i_part) = norm2_dweight_part(c + dm*i_part) + dxn2(c + &
-                & dm*(b*n + i)) * t
+            t = dxn2(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+            dresid_norm(c + dm*(b*n + i)) = t * norm2(c) + t2 * resid(c + dm*(b*n + i))
+            norm2_dweight_part(c + dm*i_part) = norm2_dweight_part(c + dm*i_part) + t * resid(c + &
+                & dm*(b*n + i))
           end do
         end do
       end do
@@ -3543,7 +3539,7 @@ contains
     !$omp end parallel do
     ! norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm, dxn1
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -3551,19 +3547,19 @@ contains
       end do
       do b = 0, batch - 1
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
-          dot = 0.0_c_double
-          !$omp simd reduction(+:dot)
+          total = 0.0_c_double
+          !$omp simd reduction(+:total)
           do c = 0, dm - 1
-            dot = dot + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            total = total + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i))
           end do
-          t2 = dot / real(dm, c_double)
+          t2 = total * -(inv_rms1(b*n + i) * inv_rms1(b*n + i) * inv_rms1(b*n + i)) / real(dm, &
+              & c_double)
           !$omp simd
           do c = 0, dm - 1
-            t = x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
-            dx_norm(c + dm*(b*n + i)) = inv_rms1(b*n + i) * (dxn1(c + dm*(b*n + i)) * norm1(c) - &
-                & t * t2)
-            norm1_dweight_part(c + dm*i_part) = norm1_dweight_part(c + dm*i_part) + dxn1(c + &
-                & dm*(b*n + i)) * t
+            t = dxn1(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            dx_norm(c + dm*(b*n + i)) = t * norm1(c) + t2 * x(c + dm*(b*n + i))
+            norm1_dweight_part(c + dm*i_part) = norm1_dweight_part(c + dm*i_part) + t * x(c + &
+                & dm*(b*n + i))
           end do
         end do
       end do
@@ -3696,9 +3692,8 @@ contains
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
-        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
-        & batch_d, hdf, dot, t2, dweight_sum, yw, batches, oy, rowdot, qk, dov, t3, heads_sum, &
-        & gw, xg
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfwd, xu, t, acc, over_b, total, t2, dweight_sum, &
+        & yw, batches, oy, rowdot, qk, dov, t3, heads_sum, gw, xg
 
     ! norm2_apply.z: reads norm2, resid, inv_rms2; scratch xn2
     ! for b, i (parallel) / c (simd)
@@ -3908,16 +3903,16 @@ contains
     !$omp end parallel do
     ! mlp.dH.edge: reads dy; scratch mlp_dH, mlp_WdT
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, dfw)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, dfwd)
     do b = 0, batch - 1
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
-          dfw = 0.0_c_float
-          !$omp simd reduction(+:dfw)
+          dfwd = 0.0_c_float
+          !$omp simd reduction(+:dfwd)
           do c = 0, dm - 1
-            dfw = dfw + dy(c + dm*(b*n + i)) * mlp_WdT(c*dff + e)
+            dfwd = dfwd + dy(c + dm*(b*n + i)) * mlp_WdT(c*dff + e)
           end do
-          mlp_dH(dff*(b*n + i) + e) = dfw
+          mlp_dH(dff*(b*n + i) + e) = dfwd
         end do
       end do
     end do
@@ -4424,17 +4419,17 @@ contains
     !$omp end parallel do
     ! mlp.dX.edge: scratch dxn2, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT
     ! for b, i (parallel) / c / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, e, dug)
+    !$omp parallel do collapse(2) schedule(static) private(c, e, acc)
     do b = 0, batch - 1
       do i = 0, n - 1
         do c = 8*((dm) / 8), dm - 1
-          dug = 0.0_c_float
-          !$omp simd reduction(+:dug)
+          acc = 0.0_c_float
+          !$omp simd reduction(+:acc)
           do e = 0, dff - 1
-            dug = dug + mlp_dU(dff*(b*n + i) + e) * mlp_WgT(c + dm*e) + mlp_dV(dff*(b*n + i) + e) &
+            acc = acc + mlp_dU(dff*(b*n + i) + e) * mlp_WgT(c + dm*e) + mlp_dV(dff*(b*n + i) + e) &
                 & * mlp_WuT(c + dm*e)
           end do
-          dxn2(c + dm*(b*n + i)) = dug
+          dxn2(c + dm*(b*n + i)) = acc
         end do
       end do
     end do
@@ -4681,19 +4676,19 @@ contains
     !$omp end parallel do
     ! mlp.dWg.edge: writes dWg; scratch mlp_XT, mlp_dU
     ! for c (parallel) / e / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
+    !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
-        batch_g = 0.0_c_float
+        over_b = 0.0_c_float
         do b = 0, batch - 1
-          xdu = 0.0_c_float
-          !$omp simd reduction(+:xdu)
+          acc = 0.0_c_float
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            xdu = xdu + mlp_XT(i + n*(b*dm + c)) * mlp_dU(dff*(b*n + i) + e)
+            acc = acc + mlp_XT(i + n*(b*dm + c)) * mlp_dU(dff*(b*n + i) + e)
           end do
-          batch_g = batch_g + xdu
+          over_b = over_b + acc
         end do
-        dWg(c*dff + e) = batch_g
+        dWg(c*dff + e) = over_b
       end do
     end do
     !$omp end parallel do
@@ -4927,19 +4922,19 @@ contains
     !$omp end parallel do
     ! mlp.dWu.edge: writes dWu; scratch mlp_XT, mlp_dV
     ! for c (parallel) / e / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
+    !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
-        batch_u = 0.0_c_float
+        over_b = 0.0_c_float
         do b = 0, batch - 1
-          xdv = 0.0_c_float
-          !$omp simd reduction(+:xdv)
+          acc = 0.0_c_float
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            xdv = xdv + mlp_XT(i + n*(b*dm + c)) * mlp_dV(dff*(b*n + i) + e)
+            acc = acc + mlp_XT(i + n*(b*dm + c)) * mlp_dV(dff*(b*n + i) + e)
           end do
-          batch_u = batch_u + xdv
+          over_b = over_b + acc
         end do
-        dWu(c*dff + e) = batch_u
+        dWu(c*dff + e) = over_b
       end do
     end do
     !$omp end parallel do
@@ -5186,25 +5181,25 @@ contains
     !$omp end parallel do
     ! mlp.dWd.edge: writes dWd; reads dy; scratch mlp_HT
     ! for e (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, over_b, acc)
     do e = 0, dff - 1
       do c = 8*((dm) / 8), dm - 1
-        batch_d = 0.0_c_float
+        over_b = 0.0_c_float
         do b = 0, batch - 1
-          hdf = 0.0_c_float
-          !$omp simd reduction(+:hdf)
+          acc = 0.0_c_float
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            hdf = hdf + mlp_HT(i + n*(b*dff + e)) * dy(c + dm*(b*n + i))
+            acc = acc + mlp_HT(i + n*(b*dff + e)) * dy(c + dm*(b*n + i))
           end do
-          batch_d = batch_d + hdf
+          over_b = over_b + acc
         end do
-        dWd(c + dm*e) = batch_d
+        dWd(c + dm*e) = over_b
       end do
     end do
     !$omp end parallel do
     ! norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm, dxn2
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -5212,20 +5207,19 @@ contains
       end do
       do b = 0, batch - 1
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
-          dot = 0.0_c_float
-          !$omp simd reduction(+:dot)
+          total = 0.0_c_float
+          !$omp simd reduction(+:total)
           do c = 0, dm - 1
-            dot = dot + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i)) * &
-                & inv_rms2(b*n + i)
+            total = total + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i))
           end do
-          t2 = dot / real(dm, c_float)
+          t2 = total * -(inv_rms2(b*n + i) * inv_rms2(b*n + i) * inv_rms2(b*n + i)) / real(dm, &
+              & c_float)
           !$omp simd
           do c = 0, dm - 1
-            t = resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
-            dresid_norm(c + dm*(b*n + i)) = inv_rms2(b*n + i) * (dxn2(c + dm*(b*n + i)) * &
-                & norm2(c) - t * t2)
-            norm2_dweight_part(c + dm*i_part) = norm2_dweight_part(c + dm*i_part) + dxn2(c + &
-                & dm*(b*n + i)) * t
+            t = dxn2(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+            dresid_norm(c + dm*(b*n + i)) = t * norm2(c) + t2 * resid(c + dm*(b*n + i))
+            norm2_dweight_part(c + dm*i_part) = norm2_dweight_part(c + dm*i_part) + t * resid(c + &
+                & dm*(b*n + i))
           end do
         end do
       end do
@@ -7047,7 +7041,7 @@ contains
     !$omp end parallel do
     ! norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm, dxn1
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -7055,19 +7049,19 @@ contains
       end do
       do b = 0, batch - 1
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
-          dot = 0.0_c_float
-          !$omp simd reduction(+:dot)
+          total = 0.0_c_float
+          !$omp simd reduction(+:total)
           do c = 0, dm - 1
-            dot = dot + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            total = total + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i))
           end do
-          t2 = dot / real(dm, c_float)
+          t2 = total * -(inv_rms1(b*n + i) * inv_rms1(b*n + i) * inv_rms1(b*n + i)) / real(dm, &
+              & c_float)
           !$omp simd
           do c = 0, dm - 1
-            t = x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
-            dx_norm(c + dm*(b*n + i)) = inv_rms1(b*n + i) * (dxn1(c + dm*(b*n + i)) * norm1(c) - &
-                & t * t2)
-            norm1_dweight_part(c + dm*i_part) = norm1_dweight_part(c + dm*i_part) + dxn1(c + &
-                & dm*(b*n + i)) * t
+            t = dxn1(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            dx_norm(c + dm*(b*n + i)) = t * norm1(c) + t2 * x(c + dm*(b*n + i))
+            norm1_dweight_part(c + dm*i_part) = norm1_dweight_part(c + dm*i_part) + t * x(c + &
+                & dm*(b*n + i))
           end do
         end do
       end do

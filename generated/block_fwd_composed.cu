@@ -69,6 +69,31 @@
 #define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
 #endif
 
+/* A block's threads combine a value each, every thread getting the total: a tree over
+ * __shared__ memory (blockDim.x a power of two), so the same order on every call. */
+template <typename T, typename Combine>
+__device__ T moagen_block_reduce(T value, Combine combine)
+{
+    __shared__ T partial[1024];
+    const unsigned int t = threadIdx.x;
+    __syncthreads();  /* every thread has read the last reduction's total */
+    partial[t] = value;
+    __syncthreads();
+    for (unsigned int half = blockDim.x / 2; half > 0; half /= 2) {
+        if (t < half) partial[t] = combine(partial[t], partial[t + half]);
+        __syncthreads();
+    }
+    return partial[0];
+}
+
+struct moagen_sum {
+    template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+
+struct moagen_max {
+    template <typename T> __device__ T operator()(T a, T b) const { return fmax(a, b); }
+};
+
 /* norm1.rows: writes inv_rms1; reads x, norm1; scratch xn1
  * for b, i (parallel) / c (simd)
  */
@@ -116,16 +141,19 @@ __global__ void block_fwd_composed_f64_norm1_rows(
     double scale
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
+    const int64_t blk = blockIdx.x;
+    const int64_t i = blk % n;
+    const int64_t b = (blk / n);
     double sum_sq = 0.0;
-    for (int64_t c = 0; c < dm; ++c) {
+    for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
         sum_sq += x[c + dm*(b*n + i)] * x[c + dm*(b*n + i)];
     }
-    inv_rms1[b*n + i] = rsqrt(sum_sq / (double)dm + eps);
-    for (int64_t c = 0; c < dm; ++c) {
+    sum_sq = moagen_block_reduce(sum_sq, moagen_sum());
+    if (threadIdx.x == 0) {
+        inv_rms1[b*n + i] = rsqrt(sum_sq / (double)dm + eps);
+    }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
         xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
     }
 }
@@ -2079,16 +2107,19 @@ __global__ void block_fwd_composed_f64_norm2_rows(
     double scale
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
+    const int64_t blk = blockIdx.x;
+    const int64_t i = blk % n;
+    const int64_t b = (blk / n);
     double sum_sq = 0.0;
-    for (int64_t c = 0; c < dm; ++c) {
+    for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
         sum_sq += resid[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)];
     }
-    inv_rms2[b*n + i] = rsqrt(sum_sq / (double)dm + eps);
-    for (int64_t c = 0; c < dm; ++c) {
+    sum_sq = moagen_block_reduce(sum_sq, moagen_sum());
+    if (threadIdx.x == 0) {
+        inv_rms2[b*n + i] = rsqrt(sum_sq / (double)dm + eps);
+    }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
         xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
     }
 }
@@ -3234,9 +3265,9 @@ extern "C" int block_fwd_composed_f64(
 )
 {
     {
-        const int64_t count = batch*n, threads = 128;
+        const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_composed_f64_norm1_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_fwd_composed_f64_norm1_rows, (unsigned int)count, (unsigned int)threads,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3387,9 +3418,9 @@ extern "C" int block_fwd_composed_f64(
         }
     }
     {
-        const int64_t count = batch*n, threads = 128;
+        const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_composed_f64_norm2_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_fwd_composed_f64_norm2_rows, (unsigned int)count, (unsigned int)threads,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -3544,16 +3575,19 @@ __global__ void block_fwd_composed_f32_norm1_rows(
     float scale
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
+    const int64_t blk = blockIdx.x;
+    const int64_t i = blk % n;
+    const int64_t b = (blk / n);
     float sum_sq = 0.0f;
-    for (int64_t c = 0; c < dm; ++c) {
+    for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
         sum_sq += x[c + dm*(b*n + i)] * x[c + dm*(b*n + i)];
     }
-    inv_rms1[b*n + i] = rsqrtf(sum_sq / (float)dm + eps);
-    for (int64_t c = 0; c < dm; ++c) {
+    sum_sq = moagen_block_reduce(sum_sq, moagen_sum());
+    if (threadIdx.x == 0) {
+        inv_rms1[b*n + i] = rsqrtf(sum_sq / (float)dm + eps);
+    }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
         xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
     }
 }
@@ -5507,16 +5541,19 @@ __global__ void block_fwd_composed_f32_norm2_rows(
     float scale
 )
 {
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
+    const int64_t blk = blockIdx.x;
+    const int64_t i = blk % n;
+    const int64_t b = (blk / n);
     float sum_sq = 0.0f;
-    for (int64_t c = 0; c < dm; ++c) {
+    for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
         sum_sq += resid[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)];
     }
-    inv_rms2[b*n + i] = rsqrtf(sum_sq / (float)dm + eps);
-    for (int64_t c = 0; c < dm; ++c) {
+    sum_sq = moagen_block_reduce(sum_sq, moagen_sum());
+    if (threadIdx.x == 0) {
+        inv_rms2[b*n + i] = rsqrtf(sum_sq / (float)dm + eps);
+    }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
         xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
     }
 }
@@ -6662,9 +6699,9 @@ extern "C" int block_fwd_composed_f32(
 )
 {
     {
-        const int64_t count = batch*n, threads = 128;
+        const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_composed_f32_norm1_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_fwd_composed_f32_norm1_rows, (unsigned int)count, (unsigned int)threads,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -6815,9 +6852,9 @@ extern "C" int block_fwd_composed_f32(
         }
     }
     {
-        const int64_t count = batch*n, threads = 128;
+        const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_composed_f32_norm2_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_fwd_composed_f32_norm2_rows, (unsigned int)count, (unsigned int)threads,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;

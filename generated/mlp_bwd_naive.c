@@ -74,12 +74,12 @@ void mlp_bwd_naive_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 0; e < dff; ++e) {
-                double dfw = 0.0;
-                #pragma omp simd reduction(+:dfw)
+                double dfwd = 0.0;
+                #pragma omp simd reduction(+:dfwd)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
+                    dfwd += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
                 }
-                dH[dff*(b*n + i) + e] = dfw;
+                dH[dff*(b*n + i) + e] = dfwd;
             }
         }
     }
@@ -152,17 +152,17 @@ void mlp_bwd_naive_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 0; c < dm; ++c) {
-                double dug = 0.0;
-                #pragma omp simd reduction(+:dug)
+                double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t e = 0; e < dff; ++e) {
-                    dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e];
+                    acc += dU[dff*(b*n + i) + e] * WgT[c + dm*e];
                 }
-                double dvu = 0.0;
-                #pragma omp simd reduction(+:dvu)
+                double acc2 = 0.0;
+                #pragma omp simd reduction(+:acc2)
                 for (int64_t e = 0; e < dff; ++e) {
-                    dvu += dV[dff*(b*n + i) + e] * WuT[c + dm*e];
+                    acc2 += dV[dff*(b*n + i) + e] * WuT[c + dm*e];
                 }
-                dX[c + dm*(b*n + i)] = dug + dvu;
+                dX[c + dm*(b*n + i)] = acc + acc2;
             }
         }
     }
@@ -184,16 +184,16 @@ void mlp_bwd_naive_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
         for (int64_t e = 0; e < dff; ++e) {
-            double batch_g = 0.0;
+            double over_b = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
-                double xdu = 0.0;
-                #pragma omp simd reduction(+:xdu)
+                double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdu += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
+                    acc += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
                 }
-                batch_g += xdu;
+                over_b += acc;
             }
-            dWg[c*dff + e] = batch_g;
+            dWg[c*dff + e] = over_b;
         }
     }
     /* dWu: writes dWu; scratch XT, dV
@@ -202,16 +202,16 @@ void mlp_bwd_naive_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
         for (int64_t e = 0; e < dff; ++e) {
-            double batch_u = 0.0;
+            double over_b = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
-                double xdv = 0.0;
-                #pragma omp simd reduction(+:xdv)
+                double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdv += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
+                    acc += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
                 }
-                batch_u += xdv;
+                over_b += acc;
             }
-            dWu[c*dff + e] = batch_u;
+            dWu[c*dff + e] = over_b;
         }
     }
     /* HT: reads U; scratch HT, V
@@ -232,16 +232,16 @@ void mlp_bwd_naive_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
         for (int64_t c = 0; c < dm; ++c) {
-            double batch_d = 0.0;
+            double over_b = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
-                double hdf = 0.0;
-                #pragma omp simd reduction(+:hdf)
+                double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    hdf += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
+                    acc += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
                 }
-                batch_d += hdf;
+                over_b += acc;
             }
-            dWd[c + dm*e] = batch_d;
+            dWd[c + dm*e] = over_b;
         }
     }
 }
@@ -289,12 +289,12 @@ void mlp_bwd_naive_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 0; e < dff; ++e) {
-                float dfw = 0.0f;
-                #pragma omp simd reduction(+:dfw)
+                float dfwd = 0.0f;
+                #pragma omp simd reduction(+:dfwd)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
+                    dfwd += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
                 }
-                dH[dff*(b*n + i) + e] = dfw;
+                dH[dff*(b*n + i) + e] = dfwd;
             }
         }
     }
@@ -367,17 +367,17 @@ void mlp_bwd_naive_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 0; c < dm; ++c) {
-                float dug = 0.0f;
-                #pragma omp simd reduction(+:dug)
+                float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t e = 0; e < dff; ++e) {
-                    dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e];
+                    acc += dU[dff*(b*n + i) + e] * WgT[c + dm*e];
                 }
-                float dvu = 0.0f;
-                #pragma omp simd reduction(+:dvu)
+                float acc2 = 0.0f;
+                #pragma omp simd reduction(+:acc2)
                 for (int64_t e = 0; e < dff; ++e) {
-                    dvu += dV[dff*(b*n + i) + e] * WuT[c + dm*e];
+                    acc2 += dV[dff*(b*n + i) + e] * WuT[c + dm*e];
                 }
-                dX[c + dm*(b*n + i)] = dug + dvu;
+                dX[c + dm*(b*n + i)] = acc + acc2;
             }
         }
     }
@@ -399,16 +399,16 @@ void mlp_bwd_naive_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
         for (int64_t e = 0; e < dff; ++e) {
-            float batch_g = 0.0f;
+            float over_b = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
-                float xdu = 0.0f;
-                #pragma omp simd reduction(+:xdu)
+                float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdu += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
+                    acc += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
                 }
-                batch_g += xdu;
+                over_b += acc;
             }
-            dWg[c*dff + e] = batch_g;
+            dWg[c*dff + e] = over_b;
         }
     }
     /* dWu: writes dWu; scratch XT, dV
@@ -417,16 +417,16 @@ void mlp_bwd_naive_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
         for (int64_t e = 0; e < dff; ++e) {
-            float batch_u = 0.0f;
+            float over_b = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
-                float xdv = 0.0f;
-                #pragma omp simd reduction(+:xdv)
+                float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdv += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
+                    acc += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
                 }
-                batch_u += xdv;
+                over_b += acc;
             }
-            dWu[c*dff + e] = batch_u;
+            dWu[c*dff + e] = over_b;
         }
     }
     /* HT: reads U; scratch HT, V
@@ -447,16 +447,16 @@ void mlp_bwd_naive_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
         for (int64_t c = 0; c < dm; ++c) {
-            float batch_d = 0.0f;
+            float over_b = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
-                float hdf = 0.0f;
-                #pragma omp simd reduction(+:hdf)
+                float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    hdf += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
+                    acc += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
                 }
-                batch_d += hdf;
+                over_b += acc;
             }
-            dWd[c + dm*e] = batch_d;
+            dWd[c + dm*e] = over_b;
         }
     }
 }

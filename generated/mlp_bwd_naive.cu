@@ -102,11 +102,11 @@ __global__ void mlp_bwd_naive_f64_dH(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     for (int64_t e = 0; e < dff; ++e) {
-        double dfw = 0.0;
+        double dfwd = 0.0;
         for (int64_t c = 0; c < dm; ++c) {
-            dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
+            dfwd += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
         }
-        dH[dff*(b*n + i) + e] = dfw;
+        dH[dff*(b*n + i) + e] = dfwd;
     }
 }
 
@@ -338,15 +338,15 @@ __global__ void mlp_bwd_naive_f64_dX(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     for (int64_t c = 0; c < dm; ++c) {
-        double dug = 0.0;
+        double acc = 0.0;
         for (int64_t e = 0; e < dff; ++e) {
-            dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e];
+            acc += dU[dff*(b*n + i) + e] * WgT[c + dm*e];
         }
-        double dvu = 0.0;
+        double acc2 = 0.0;
         for (int64_t e = 0; e < dff; ++e) {
-            dvu += dV[dff*(b*n + i) + e] * WuT[c + dm*e];
+            acc2 += dV[dff*(b*n + i) + e] * WuT[c + dm*e];
         }
-        dX[c + dm*(b*n + i)] = dug + dvu;
+        dX[c + dm*(b*n + i)] = acc + acc2;
     }
 }
 
@@ -421,15 +421,15 @@ __global__ void mlp_bwd_naive_f64_dWg(
     if (tid >= dm) return;
     const int64_t c = tid;
     for (int64_t e = 0; e < dff; ++e) {
-        double batch_g = 0.0;
+        double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
-            double xdu = 0.0;
+            double acc = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                xdu += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
+                acc += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
             }
-            batch_g += xdu;
+            over_b += acc;
         }
-        dWg[c*dff + e] = batch_g;
+        dWg[c*dff + e] = over_b;
     }
 }
 
@@ -466,15 +466,15 @@ __global__ void mlp_bwd_naive_f64_dWu(
     if (tid >= dm) return;
     const int64_t c = tid;
     for (int64_t e = 0; e < dff; ++e) {
-        double batch_u = 0.0;
+        double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
-            double xdv = 0.0;
+            double acc = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                xdv += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
+                acc += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
             }
-            batch_u += xdv;
+            over_b += acc;
         }
-        dWu[c*dff + e] = batch_u;
+        dWu[c*dff + e] = over_b;
     }
 }
 
@@ -549,15 +549,15 @@ __global__ void mlp_bwd_naive_f64_dWd(
     if (tid >= dff) return;
     const int64_t e = tid;
     for (int64_t c = 0; c < dm; ++c) {
-        double batch_d = 0.0;
+        double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
-            double hdf = 0.0;
+            double acc = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                hdf += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
+                acc += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
             }
-            batch_d += hdf;
+            over_b += acc;
         }
-        dWd[c + dm*e] = batch_d;
+        dWd[c + dm*e] = over_b;
     }
 }
 
@@ -780,11 +780,11 @@ __global__ void mlp_bwd_naive_f32_dH(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     for (int64_t e = 0; e < dff; ++e) {
-        float dfw = 0.0f;
+        float dfwd = 0.0f;
         for (int64_t c = 0; c < dm; ++c) {
-            dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
+            dfwd += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
         }
-        dH[dff*(b*n + i) + e] = dfw;
+        dH[dff*(b*n + i) + e] = dfwd;
     }
 }
 
@@ -1016,15 +1016,15 @@ __global__ void mlp_bwd_naive_f32_dX(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     for (int64_t c = 0; c < dm; ++c) {
-        float dug = 0.0f;
+        float acc = 0.0f;
         for (int64_t e = 0; e < dff; ++e) {
-            dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e];
+            acc += dU[dff*(b*n + i) + e] * WgT[c + dm*e];
         }
-        float dvu = 0.0f;
+        float acc2 = 0.0f;
         for (int64_t e = 0; e < dff; ++e) {
-            dvu += dV[dff*(b*n + i) + e] * WuT[c + dm*e];
+            acc2 += dV[dff*(b*n + i) + e] * WuT[c + dm*e];
         }
-        dX[c + dm*(b*n + i)] = dug + dvu;
+        dX[c + dm*(b*n + i)] = acc + acc2;
     }
 }
 
@@ -1099,15 +1099,15 @@ __global__ void mlp_bwd_naive_f32_dWg(
     if (tid >= dm) return;
     const int64_t c = tid;
     for (int64_t e = 0; e < dff; ++e) {
-        float batch_g = 0.0f;
+        float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
-            float xdu = 0.0f;
+            float acc = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                xdu += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
+                acc += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
             }
-            batch_g += xdu;
+            over_b += acc;
         }
-        dWg[c*dff + e] = batch_g;
+        dWg[c*dff + e] = over_b;
     }
 }
 
@@ -1144,15 +1144,15 @@ __global__ void mlp_bwd_naive_f32_dWu(
     if (tid >= dm) return;
     const int64_t c = tid;
     for (int64_t e = 0; e < dff; ++e) {
-        float batch_u = 0.0f;
+        float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
-            float xdv = 0.0f;
+            float acc = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                xdv += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
+                acc += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
             }
-            batch_u += xdv;
+            over_b += acc;
         }
-        dWu[c*dff + e] = batch_u;
+        dWu[c*dff + e] = over_b;
     }
 }
 
@@ -1227,15 +1227,15 @@ __global__ void mlp_bwd_naive_f32_dWd(
     if (tid >= dff) return;
     const int64_t e = tid;
     for (int64_t c = 0; c < dm; ++c) {
-        float batch_d = 0.0f;
+        float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
-            float hdf = 0.0f;
+            float acc = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                hdf += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
+                acc += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
             }
-            batch_d += hdf;
+            over_b += acc;
         }
-        dWd[c + dm*e] = batch_d;
+        dWd[c + dm*e] = over_b;
     }
 }
 

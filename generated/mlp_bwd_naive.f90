@@ -49,7 +49,7 @@ contains
     real(c_double), intent(out) :: XT(0:batch * dm * n - 1)
     real(c_double), intent(out) :: HT(0:batch * dff * n - 1)
     integer(c_int64_t) :: c, e, b, i, U_row
-    real(c_double) :: dfw, xu, t, dug, dvu, batch_g, xdu, batch_u, xdv, batch_d, hdf
+    real(c_double) :: dfwd, xu, t, acc, acc2, over_b
 
     ! WdT: reads Wd; scratch WdT
     ! for c (parallel) / e (simd)
@@ -63,16 +63,16 @@ contains
     !$omp end parallel do
     ! dH: reads dF; scratch dH, WdT
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, dfw)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, dfwd)
     do b = 0, batch - 1
       do i = 0, n - 1
         do e = 0, dff - 1
-          dfw = 0.0_c_double
-          !$omp simd reduction(+:dfw)
+          dfwd = 0.0_c_double
+          !$omp simd reduction(+:dfwd)
           do c = 0, dm - 1
-            dfw = dfw + dF(c + dm*(b*n + i)) * WdT(c*dff + e)
+            dfwd = dfwd + dF(c + dm*(b*n + i)) * WdT(c*dff + e)
           end do
-          dH(dff*(b*n + i) + e) = dfw
+          dH(dff*(b*n + i) + e) = dfwd
         end do
       end do
     end do
@@ -143,21 +143,21 @@ contains
     !$omp end parallel do
     ! dX: writes dX; scratch dU, WgT, dV, WuT
     ! for b, i (parallel) / c / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, e, dug, dvu)
+    !$omp parallel do collapse(2) schedule(static) private(c, e, acc, acc2)
     do b = 0, batch - 1
       do i = 0, n - 1
         do c = 0, dm - 1
-          dug = 0.0_c_double
-          !$omp simd reduction(+:dug)
+          acc = 0.0_c_double
+          !$omp simd reduction(+:acc)
           do e = 0, dff - 1
-            dug = dug + dU(dff*(b*n + i) + e) * WgT(c + dm*e)
+            acc = acc + dU(dff*(b*n + i) + e) * WgT(c + dm*e)
           end do
-          dvu = 0.0_c_double
-          !$omp simd reduction(+:dvu)
+          acc2 = 0.0_c_double
+          !$omp simd reduction(+:acc2)
           do e = 0, dff - 1
-            dvu = dvu + dV(dff*(b*n + i) + e) * WuT(c + dm*e)
+            acc2 = acc2 + dV(dff*(b*n + i) + e) * WuT(c + dm*e)
           end do
-          dX(c + dm*(b*n + i)) = dug + dvu
+          dX(c + dm*(b*n + i)) = acc + acc2
         end do
       end do
     end do
@@ -176,37 +176,37 @@ contains
     !$omp end parallel do
     ! dWg: writes dWg; scratch XT, dU
     ! for c (parallel) / e / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
+    !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
       do e = 0, dff - 1
-        batch_g = 0.0_c_double
+        over_b = 0.0_c_double
         do b = 0, batch - 1
-          xdu = 0.0_c_double
-          !$omp simd reduction(+:xdu)
+          acc = 0.0_c_double
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            xdu = xdu + XT(i + n*(b*dm + c)) * dU(dff*(b*n + i) + e)
+            acc = acc + XT(i + n*(b*dm + c)) * dU(dff*(b*n + i) + e)
           end do
-          batch_g = batch_g + xdu
+          over_b = over_b + acc
         end do
-        dWg(c*dff + e) = batch_g
+        dWg(c*dff + e) = over_b
       end do
     end do
     !$omp end parallel do
     ! dWu: writes dWu; scratch XT, dV
     ! for c (parallel) / e / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
+    !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
       do e = 0, dff - 1
-        batch_u = 0.0_c_double
+        over_b = 0.0_c_double
         do b = 0, batch - 1
-          xdv = 0.0_c_double
-          !$omp simd reduction(+:xdv)
+          acc = 0.0_c_double
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            xdv = xdv + XT(i + n*(b*dm + c)) * dV(dff*(b*n + i) + e)
+            acc = acc + XT(i + n*(b*dm + c)) * dV(dff*(b*n + i) + e)
           end do
-          batch_u = batch_u + xdv
+          over_b = over_b + acc
         end do
-        dWu(c*dff + e) = batch_u
+        dWu(c*dff + e) = over_b
       end do
     end do
     !$omp end parallel do
@@ -225,19 +225,19 @@ contains
     !$omp end parallel do
     ! dWd: writes dWd; reads dF; scratch HT
     ! for e (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, over_b, acc)
     do e = 0, dff - 1
       do c = 0, dm - 1
-        batch_d = 0.0_c_double
+        over_b = 0.0_c_double
         do b = 0, batch - 1
-          hdf = 0.0_c_double
-          !$omp simd reduction(+:hdf)
+          acc = 0.0_c_double
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            hdf = hdf + HT(i + n*(b*dff + e)) * dF(c + dm*(b*n + i))
+            acc = acc + HT(i + n*(b*dff + e)) * dF(c + dm*(b*n + i))
           end do
-          batch_d = batch_d + hdf
+          over_b = over_b + acc
         end do
-        dWd(c + dm*e) = batch_d
+        dWd(c + dm*e) = over_b
       end do
     end do
     !$omp end parallel do
@@ -267,7 +267,7 @@ contains
     real(c_float), intent(out) :: XT(0:batch * dm * n - 1)
     real(c_float), intent(out) :: HT(0:batch * dff * n - 1)
     integer(c_int64_t) :: c, e, b, i, U_row
-    real(c_float) :: dfw, xu, t, dug, dvu, batch_g, xdu, batch_u, xdv, batch_d, hdf
+    real(c_float) :: dfwd, xu, t, acc, acc2, over_b
 
     ! WdT: reads Wd; scratch WdT
     ! for c (parallel) / e (simd)
@@ -281,16 +281,16 @@ contains
     !$omp end parallel do
     ! dH: reads dF; scratch dH, WdT
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, dfw)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, dfwd)
     do b = 0, batch - 1
       do i = 0, n - 1
         do e = 0, dff - 1
-          dfw = 0.0_c_float
-          !$omp simd reduction(+:dfw)
+          dfwd = 0.0_c_float
+          !$omp simd reduction(+:dfwd)
           do c = 0, dm - 1
-            dfw = dfw + dF(c + dm*(b*n + i)) * WdT(c*dff + e)
+            dfwd = dfwd + dF(c + dm*(b*n + i)) * WdT(c*dff + e)
           end do
-          dH(dff*(b*n + i) + e) = dfw
+          dH(dff*(b*n + i) + e) = dfwd
         end do
       end do
     end do
@@ -361,21 +361,21 @@ contains
     !$omp end parallel do
     ! dX: writes dX; scratch dU, WgT, dV, WuT
     ! for b, i (parallel) / c / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, e, dug, dvu)
+    !$omp parallel do collapse(2) schedule(static) private(c, e, acc, acc2)
     do b = 0, batch - 1
       do i = 0, n - 1
         do c = 0, dm - 1
-          dug = 0.0_c_float
-          !$omp simd reduction(+:dug)
+          acc = 0.0_c_float
+          !$omp simd reduction(+:acc)
           do e = 0, dff - 1
-            dug = dug + dU(dff*(b*n + i) + e) * WgT(c + dm*e)
+            acc = acc + dU(dff*(b*n + i) + e) * WgT(c + dm*e)
           end do
-          dvu = 0.0_c_float
-          !$omp simd reduction(+:dvu)
+          acc2 = 0.0_c_float
+          !$omp simd reduction(+:acc2)
           do e = 0, dff - 1
-            dvu = dvu + dV(dff*(b*n + i) + e) * WuT(c + dm*e)
+            acc2 = acc2 + dV(dff*(b*n + i) + e) * WuT(c + dm*e)
           end do
-          dX(c + dm*(b*n + i)) = dug + dvu
+          dX(c + dm*(b*n + i)) = acc + acc2
         end do
       end do
     end do
@@ -394,37 +394,37 @@ contains
     !$omp end parallel do
     ! dWg: writes dWg; scratch XT, dU
     ! for c (parallel) / e / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
+    !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
       do e = 0, dff - 1
-        batch_g = 0.0_c_float
+        over_b = 0.0_c_float
         do b = 0, batch - 1
-          xdu = 0.0_c_float
-          !$omp simd reduction(+:xdu)
+          acc = 0.0_c_float
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            xdu = xdu + XT(i + n*(b*dm + c)) * dU(dff*(b*n + i) + e)
+            acc = acc + XT(i + n*(b*dm + c)) * dU(dff*(b*n + i) + e)
           end do
-          batch_g = batch_g + xdu
+          over_b = over_b + acc
         end do
-        dWg(c*dff + e) = batch_g
+        dWg(c*dff + e) = over_b
       end do
     end do
     !$omp end parallel do
     ! dWu: writes dWu; scratch XT, dV
     ! for c (parallel) / e / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
+    !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
       do e = 0, dff - 1
-        batch_u = 0.0_c_float
+        over_b = 0.0_c_float
         do b = 0, batch - 1
-          xdv = 0.0_c_float
-          !$omp simd reduction(+:xdv)
+          acc = 0.0_c_float
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            xdv = xdv + XT(i + n*(b*dm + c)) * dV(dff*(b*n + i) + e)
+            acc = acc + XT(i + n*(b*dm + c)) * dV(dff*(b*n + i) + e)
           end do
-          batch_u = batch_u + xdv
+          over_b = over_b + acc
         end do
-        dWu(c*dff + e) = batch_u
+        dWu(c*dff + e) = over_b
       end do
     end do
     !$omp end parallel do
@@ -443,19 +443,19 @@ contains
     !$omp end parallel do
     ! dWd: writes dWd; reads dF; scratch HT
     ! for e (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, over_b, acc)
     do e = 0, dff - 1
       do c = 0, dm - 1
-        batch_d = 0.0_c_float
+        over_b = 0.0_c_float
         do b = 0, batch - 1
-          hdf = 0.0_c_float
-          !$omp simd reduction(+:hdf)
+          acc = 0.0_c_float
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            hdf = hdf + HT(i + n*(b*dff + e)) * dF(c + dm*(b*n + i))
+            acc = acc + HT(i + n*(b*dff + e)) * dF(c + dm*(b*n + i))
           end do
-          batch_d = batch_d + hdf
+          over_b = over_b + acc
         end do
-        dWd(c + dm*e) = batch_d
+        dWd(c + dm*e) = over_b
       end do
     end do
     !$omp end parallel do

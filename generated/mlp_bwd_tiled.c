@@ -259,12 +259,12 @@ void mlp_bwd_tiled_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double dfw = 0.0;
-                #pragma omp simd reduction(+:dfw)
+                double dfwd = 0.0;
+                #pragma omp simd reduction(+:dfwd)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
+                    dfwd += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
                 }
-                dH[dff*(b*n + i) + e] = dfw;
+                dH[dff*(b*n + i) + e] = dfwd;
             }
         }
     }
@@ -712,12 +712,12 @@ void mlp_bwd_tiled_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-                double dug = 0.0;
-                #pragma omp simd reduction(+:dug)
+                double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t e = 0; e < dff; ++e) {
-                    dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e] + dV[dff*(b*n + i) + e] * WuT[c + dm*e];
+                    acc += dU[dff*(b*n + i) + e] * WgT[c + dm*e] + dV[dff*(b*n + i) + e] * WuT[c + dm*e];
                 }
-                dX[c + dm*(b*n + i)] = dug;
+                dX[c + dm*(b*n + i)] = acc;
             }
         }
     }
@@ -919,16 +919,16 @@ void mlp_bwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
         for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            double batch_g = 0.0;
+            double over_b = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
-                double xdu = 0.0;
-                #pragma omp simd reduction(+:xdu)
+                double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdu += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
+                    acc += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
                 }
-                batch_g += xdu;
+                over_b += acc;
             }
-            dWg[c*dff + e] = batch_g;
+            dWg[c*dff + e] = over_b;
         }
     }
     /* dWu.pack_dV: scratch dV_panel, dV
@@ -1117,16 +1117,16 @@ void mlp_bwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
         for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            double batch_u = 0.0;
+            double over_b = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
-                double xdv = 0.0;
-                #pragma omp simd reduction(+:xdv)
+                double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdv += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
+                    acc += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
                 }
-                batch_u += xdv;
+                over_b += acc;
             }
-            dWu[c*dff + e] = batch_u;
+            dWu[c*dff + e] = over_b;
         }
     }
     /* HT: reads U; scratch HT, V
@@ -1327,16 +1327,16 @@ void mlp_bwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
         for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-            double batch_d = 0.0;
+            double over_b = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
-                double hdf = 0.0;
-                #pragma omp simd reduction(+:hdf)
+                double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    hdf += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
+                    acc += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
                 }
-                batch_d += hdf;
+                over_b += acc;
             }
-            dWd[c + dm*e] = batch_d;
+            dWd[c + dm*e] = over_b;
         }
     }
 }
@@ -1569,12 +1569,12 @@ void mlp_bwd_tiled_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                float dfw = 0.0f;
-                #pragma omp simd reduction(+:dfw)
+                float dfwd = 0.0f;
+                #pragma omp simd reduction(+:dfwd)
                 for (int64_t c = 0; c < dm; ++c) {
-                    dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
+                    dfwd += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
                 }
-                dH[dff*(b*n + i) + e] = dfw;
+                dH[dff*(b*n + i) + e] = dfwd;
             }
         }
     }
@@ -2022,12 +2022,12 @@ void mlp_bwd_tiled_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-                float dug = 0.0f;
-                #pragma omp simd reduction(+:dug)
+                float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t e = 0; e < dff; ++e) {
-                    dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e] + dV[dff*(b*n + i) + e] * WuT[c + dm*e];
+                    acc += dU[dff*(b*n + i) + e] * WgT[c + dm*e] + dV[dff*(b*n + i) + e] * WuT[c + dm*e];
                 }
-                dX[c + dm*(b*n + i)] = dug;
+                dX[c + dm*(b*n + i)] = acc;
             }
         }
     }
@@ -2229,16 +2229,16 @@ void mlp_bwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
         for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            float batch_g = 0.0f;
+            float over_b = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
-                float xdu = 0.0f;
-                #pragma omp simd reduction(+:xdu)
+                float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdu += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
+                    acc += XT[i + n*(b*dm + c)] * dU[dff*(b*n + i) + e];
                 }
-                batch_g += xdu;
+                over_b += acc;
             }
-            dWg[c*dff + e] = batch_g;
+            dWg[c*dff + e] = over_b;
         }
     }
     /* dWu.pack_dV: scratch dV_panel, dV
@@ -2427,16 +2427,16 @@ void mlp_bwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
         for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            float batch_u = 0.0f;
+            float over_b = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
-                float xdv = 0.0f;
-                #pragma omp simd reduction(+:xdv)
+                float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdv += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
+                    acc += XT[i + n*(b*dm + c)] * dV[dff*(b*n + i) + e];
                 }
-                batch_u += xdv;
+                over_b += acc;
             }
-            dWu[c*dff + e] = batch_u;
+            dWu[c*dff + e] = over_b;
         }
     }
     /* HT: reads U; scratch HT, V
@@ -2637,16 +2637,16 @@ void mlp_bwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
         for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-            float batch_d = 0.0f;
+            float over_b = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
-                float hdf = 0.0f;
-                #pragma omp simd reduction(+:hdf)
+                float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t i = 0; i < n; ++i) {
-                    hdf += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
+                    acc += HT[i + n*(b*dff + e)] * dF[c + dm*(b*n + i)];
                 }
-                batch_d += hdf;
+                over_b += acc;
             }
-            dWd[c + dm*e] = batch_d;
+            dWd[c + dm*e] = over_b;
         }
     }
 }

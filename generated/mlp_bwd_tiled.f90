@@ -68,8 +68,7 @@ contains
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
-        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
-        & batch_d, hdf
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfwd, xu, t, acc, over_b
 
     ! WdT: reads Wd; scratch WdT
     ! for c (parallel) / e (simd)
@@ -267,16 +266,16 @@ contains
     !$omp end parallel do
     ! dH.edge: reads dF; scratch dH, WdT
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, dfw)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, dfwd)
     do b = 0, batch - 1
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
-          dfw = 0.0_c_double
-          !$omp simd reduction(+:dfw)
+          dfwd = 0.0_c_double
+          !$omp simd reduction(+:dfwd)
           do c = 0, dm - 1
-            dfw = dfw + dF(c + dm*(b*n + i)) * WdT(c*dff + e)
+            dfwd = dfwd + dF(c + dm*(b*n + i)) * WdT(c*dff + e)
           end do
-          dH(dff*(b*n + i) + e) = dfw
+          dH(dff*(b*n + i) + e) = dfwd
         end do
       end do
     end do
@@ -783,17 +782,17 @@ contains
     !$omp end parallel do
     ! dX.edge: writes dX; scratch dU, WgT, dV, WuT
     ! for b, i (parallel) / c / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, e, dug)
+    !$omp parallel do collapse(2) schedule(static) private(c, e, acc)
     do b = 0, batch - 1
       do i = 0, n - 1
         do c = 8*((dm) / 8), dm - 1
-          dug = 0.0_c_double
-          !$omp simd reduction(+:dug)
+          acc = 0.0_c_double
+          !$omp simd reduction(+:acc)
           do e = 0, dff - 1
-            dug = dug + dU(dff*(b*n + i) + e) * WgT(c + dm*e) + dV(dff*(b*n + i) + e) * WuT(c + &
+            acc = acc + dU(dff*(b*n + i) + e) * WgT(c + dm*e) + dV(dff*(b*n + i) + e) * WuT(c + &
                 & dm*e)
           end do
-          dX(c + dm*(b*n + i)) = dug
+          dX(c + dm*(b*n + i)) = acc
         end do
       end do
     end do
@@ -998,19 +997,19 @@ contains
     !$omp end parallel do
     ! dWg.edge: writes dWg; scratch XT, dU
     ! for c (parallel) / e / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
+    !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
-        batch_g = 0.0_c_double
+        over_b = 0.0_c_double
         do b = 0, batch - 1
-          xdu = 0.0_c_double
-          !$omp simd reduction(+:xdu)
+          acc = 0.0_c_double
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            xdu = xdu + XT(i + n*(b*dm + c)) * dU(dff*(b*n + i) + e)
+            acc = acc + XT(i + n*(b*dm + c)) * dU(dff*(b*n + i) + e)
           end do
-          batch_g = batch_g + xdu
+          over_b = over_b + acc
         end do
-        dWg(c*dff + e) = batch_g
+        dWg(c*dff + e) = over_b
       end do
     end do
     !$omp end parallel do
@@ -1202,19 +1201,19 @@ contains
     !$omp end parallel do
     ! dWu.edge: writes dWu; scratch XT, dV
     ! for c (parallel) / e / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
+    !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
-        batch_u = 0.0_c_double
+        over_b = 0.0_c_double
         do b = 0, batch - 1
-          xdv = 0.0_c_double
-          !$omp simd reduction(+:xdv)
+          acc = 0.0_c_double
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            xdv = xdv + XT(i + n*(b*dm + c)) * dV(dff*(b*n + i) + e)
+            acc = acc + XT(i + n*(b*dm + c)) * dV(dff*(b*n + i) + e)
           end do
-          batch_u = batch_u + xdv
+          over_b = over_b + acc
         end do
-        dWu(c*dff + e) = batch_u
+        dWu(c*dff + e) = over_b
       end do
     end do
     !$omp end parallel do
@@ -1419,19 +1418,19 @@ contains
     !$omp end parallel do
     ! dWd.edge: writes dWd; reads dF; scratch HT
     ! for e (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, over_b, acc)
     do e = 0, dff - 1
       do c = 8*((dm) / 8), dm - 1
-        batch_d = 0.0_c_double
+        over_b = 0.0_c_double
         do b = 0, batch - 1
-          hdf = 0.0_c_double
-          !$omp simd reduction(+:hdf)
+          acc = 0.0_c_double
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            hdf = hdf + HT(i + n*(b*dff + e)) * dF(c + dm*(b*n + i))
+            acc = acc + HT(i + n*(b*dff + e)) * dF(c + dm*(b*n + i))
           end do
-          batch_d = batch_d + hdf
+          over_b = over_b + acc
         end do
-        dWd(c + dm*e) = batch_d
+        dWd(c + dm*e) = over_b
       end do
     end do
     !$omp end parallel do
@@ -1480,8 +1479,7 @@ contains
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
-        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
-        & batch_d, hdf
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfwd, xu, t, acc, over_b
 
     ! WdT: reads Wd; scratch WdT
     ! for c (parallel) / e (simd)
@@ -1679,16 +1677,16 @@ contains
     !$omp end parallel do
     ! dH.edge: reads dF; scratch dH, WdT
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, dfw)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, dfwd)
     do b = 0, batch - 1
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
-          dfw = 0.0_c_float
-          !$omp simd reduction(+:dfw)
+          dfwd = 0.0_c_float
+          !$omp simd reduction(+:dfwd)
           do c = 0, dm - 1
-            dfw = dfw + dF(c + dm*(b*n + i)) * WdT(c*dff + e)
+            dfwd = dfwd + dF(c + dm*(b*n + i)) * WdT(c*dff + e)
           end do
-          dH(dff*(b*n + i) + e) = dfw
+          dH(dff*(b*n + i) + e) = dfwd
         end do
       end do
     end do
@@ -2195,17 +2193,17 @@ contains
     !$omp end parallel do
     ! dX.edge: writes dX; scratch dU, WgT, dV, WuT
     ! for b, i (parallel) / c / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, e, dug)
+    !$omp parallel do collapse(2) schedule(static) private(c, e, acc)
     do b = 0, batch - 1
       do i = 0, n - 1
         do c = 8*((dm) / 8), dm - 1
-          dug = 0.0_c_float
-          !$omp simd reduction(+:dug)
+          acc = 0.0_c_float
+          !$omp simd reduction(+:acc)
           do e = 0, dff - 1
-            dug = dug + dU(dff*(b*n + i) + e) * WgT(c + dm*e) + dV(dff*(b*n + i) + e) * WuT(c + &
+            acc = acc + dU(dff*(b*n + i) + e) * WgT(c + dm*e) + dV(dff*(b*n + i) + e) * WuT(c + &
                 & dm*e)
           end do
-          dX(c + dm*(b*n + i)) = dug
+          dX(c + dm*(b*n + i)) = acc
         end do
       end do
     end do
@@ -2410,19 +2408,19 @@ contains
     !$omp end parallel do
     ! dWg.edge: writes dWg; scratch XT, dU
     ! for c (parallel) / e / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
+    !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
-        batch_g = 0.0_c_float
+        over_b = 0.0_c_float
         do b = 0, batch - 1
-          xdu = 0.0_c_float
-          !$omp simd reduction(+:xdu)
+          acc = 0.0_c_float
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            xdu = xdu + XT(i + n*(b*dm + c)) * dU(dff*(b*n + i) + e)
+            acc = acc + XT(i + n*(b*dm + c)) * dU(dff*(b*n + i) + e)
           end do
-          batch_g = batch_g + xdu
+          over_b = over_b + acc
         end do
-        dWg(c*dff + e) = batch_g
+        dWg(c*dff + e) = over_b
       end do
     end do
     !$omp end parallel do
@@ -2614,19 +2612,19 @@ contains
     !$omp end parallel do
     ! dWu.edge: writes dWu; scratch XT, dV
     ! for c (parallel) / e / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
+    !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
-        batch_u = 0.0_c_float
+        over_b = 0.0_c_float
         do b = 0, batch - 1
-          xdv = 0.0_c_float
-          !$omp simd reduction(+:xdv)
+          acc = 0.0_c_float
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            xdv = xdv + XT(i + n*(b*dm + c)) * dV(dff*(b*n + i) + e)
+            acc = acc + XT(i + n*(b*dm + c)) * dV(dff*(b*n + i) + e)
           end do
-          batch_u = batch_u + xdv
+          over_b = over_b + acc
         end do
-        dWu(c*dff + e) = batch_u
+        dWu(c*dff + e) = over_b
       end do
     end do
     !$omp end parallel do
@@ -2831,19 +2829,19 @@ contains
     !$omp end parallel do
     ! dWd.edge: writes dWd; reads dF; scratch HT
     ! for e (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, over_b, acc)
     do e = 0, dff - 1
       do c = 8*((dm) / 8), dm - 1
-        batch_d = 0.0_c_float
+        over_b = 0.0_c_float
         do b = 0, batch - 1
-          hdf = 0.0_c_float
-          !$omp simd reduction(+:hdf)
+          acc = 0.0_c_float
+          !$omp simd reduction(+:acc)
           do i = 0, n - 1
-            hdf = hdf + HT(i + n*(b*dff + e)) * dF(c + dm*(b*n + i))
+            acc = acc + HT(i + n*(b*dff + e)) * dF(c + dm*(b*n + i))
           end do
-          batch_d = batch_d + hdf
+          over_b = over_b + acc
         end do
-        dWd(c + dm*e) = batch_d
+        dWd(c + dm*e) = over_b
       end do
     end do
     !$omp end parallel do

@@ -5,16 +5,14 @@
  * Do not edit; regenerate with: moagen emit --lang c rmsnorm_bwd --variant dnf
  */
 /* What the kernel computes, as its DNF (psi-reduced, before scheduling):
- * dx[b, i, c] = (<b i> psi inv_rms)
- *               * ((<b i c> psi dz) * (<c> psi weight)
- *               - (<b i c> psi x) * (<b i> psi inv_rms)
- *               * sum[c2 < d](
- *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
- *               )
- *               / d)
+ * dx[b, i, c] = (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
+ *               + sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
+ *               * neg((<b i> psi inv_rms) * (<b i> psi inv_rms) * (<b i> psi inv_rms))
+ *               / d
+ *               * (<b i c> psi x)
  * dweight[c] = sum[b2 < batch](
  *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+ *                      (<b2 i2 c> psi dz) * (<b2 i2> psi inv_rms) * (<b2 i2 c> psi x)
  *                  )
  *              )
  */
@@ -46,17 +44,17 @@ void rmsnorm_bwd_dnf_f64(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
-                double dot = 0.0;
-                #pragma omp simd reduction(+:dot)
+                double total = 0.0;
+                #pragma omp simd reduction(+:total)
                 for (int64_t c = 0; c < d; ++c) {
-                    dot += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+                    total += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)];
                 }
-                const double t2 = dot / (double)d;
+                const double t2 = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (double)d;
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    const double t = x[c + d*(b*n + i)] * inv_rms[b*n + i];
-                    dx[c + d*(b*n + i)] = inv_rms[b*n + i] * (dz[c + d*(b*n + i)] * weight[c] - t * t2);
-                    dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * t;
+                    const double t = dz[c + d*(b*n + i)] * inv_rms[b*n + i];
+                    dx[c + d*(b*n + i)] = t * weight[c] + t2 * x[c + d*(b*n + i)];
+                    dweight_part[c + d*i_part] += t * x[c + d*(b*n + i)];
                 }
             }
         }
@@ -98,17 +96,17 @@ void rmsnorm_bwd_dnf_f32(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
-                float dot = 0.0f;
-                #pragma omp simd reduction(+:dot)
+                float total = 0.0f;
+                #pragma omp simd reduction(+:total)
                 for (int64_t c = 0; c < d; ++c) {
-                    dot += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+                    total += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)];
                 }
-                const float t2 = dot / (float)d;
+                const float t2 = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (float)d;
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    const float t = x[c + d*(b*n + i)] * inv_rms[b*n + i];
-                    dx[c + d*(b*n + i)] = inv_rms[b*n + i] * (dz[c + d*(b*n + i)] * weight[c] - t * t2);
-                    dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * t;
+                    const float t = dz[c + d*(b*n + i)] * inv_rms[b*n + i];
+                    dx[c + d*(b*n + i)] = t * weight[c] + t2 * x[c + d*(b*n + i)];
+                    dweight_part[c + d*i_part] += t * x[c + d*(b*n + i)];
                 }
             }
         }

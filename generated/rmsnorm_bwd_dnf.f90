@@ -4,16 +4,14 @@
 ! Do not edit; regenerate with: moagen emit --lang fortran rmsnorm_bwd --variant dnf
 !
 ! What the kernel computes, as its DNF (psi-reduced, before scheduling):
-! dx[b, i, c] = (<b i> psi inv_rms)
-!               * ((<b i c> psi dz) * (<c> psi weight)
-!               - (<b i c> psi x) * (<b i> psi inv_rms)
-!               * sum[c2 < d](
-!                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-!               )
-!               / d)
+! dx[b, i, c] = (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
+!               + sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
+!               * neg((<b i> psi inv_rms) * (<b i> psi inv_rms) * (<b i> psi inv_rms))
+!               / d
+!               * (<b i c> psi x)
 ! dweight[c] = sum[b2 < batch](
 !                  sum[i2 < n](
-!                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+!                      (<b2 i2 c> psi dz) * (<b2 i2> psi inv_rms) * (<b2 i2 c> psi x)
 !                  )
 !              )
 module moagen_kernels
@@ -34,11 +32,11 @@ contains
     real(c_double), intent(out) :: dweight(0:d - 1)
     real(c_double), intent(out) :: dweight_part(0:16 * d - 1)
     integer(c_int64_t) :: i_part, c, b, i
-    real(c_double) :: dot, t2, t, dweight_sum
+    real(c_double) :: total, t2, t, dweight_sum
 
     ! dweight.partial: writes dx; reads dz, weight, x, inv_rms; scratch dweight_part
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, d - 1
@@ -46,17 +44,17 @@ contains
       end do
       do b = 0, batch - 1
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
-          dot = 0.0_c_double
-          !$omp simd reduction(+:dot)
+          total = 0.0_c_double
+          !$omp simd reduction(+:total)
           do c = 0, d - 1
-            dot = dot + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
+            total = total + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i))
           end do
-          t2 = dot / real(d, c_double)
+          t2 = total * -(inv_rms(b*n + i) * inv_rms(b*n + i) * inv_rms(b*n + i)) / real(d, c_double)
           !$omp simd
           do c = 0, d - 1
-            t = x(c + d*(b*n + i)) * inv_rms(b*n + i)
-            dx(c + d*(b*n + i)) = inv_rms(b*n + i) * (dz(c + d*(b*n + i)) * weight(c) - t * t2)
-            dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + dz(c + d*(b*n + i)) * t
+            t = dz(c + d*(b*n + i)) * inv_rms(b*n + i)
+            dx(c + d*(b*n + i)) = t * weight(c) + t2 * x(c + d*(b*n + i))
+            dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + t * x(c + d*(b*n + i))
           end do
         end do
       end do
@@ -85,11 +83,11 @@ contains
     real(c_float), intent(out) :: dweight(0:d - 1)
     real(c_float), intent(out) :: dweight_part(0:16 * d - 1)
     integer(c_int64_t) :: i_part, c, b, i
-    real(c_float) :: dot, t2, t, dweight_sum
+    real(c_float) :: total, t2, t, dweight_sum
 
     ! dweight.partial: writes dx; reads dz, weight, x, inv_rms; scratch dweight_part
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, d - 1
@@ -97,17 +95,17 @@ contains
       end do
       do b = 0, batch - 1
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
-          dot = 0.0_c_float
-          !$omp simd reduction(+:dot)
+          total = 0.0_c_float
+          !$omp simd reduction(+:total)
           do c = 0, d - 1
-            dot = dot + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
+            total = total + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i))
           end do
-          t2 = dot / real(d, c_float)
+          t2 = total * -(inv_rms(b*n + i) * inv_rms(b*n + i) * inv_rms(b*n + i)) / real(d, c_float)
           !$omp simd
           do c = 0, d - 1
-            t = x(c + d*(b*n + i)) * inv_rms(b*n + i)
-            dx(c + d*(b*n + i)) = inv_rms(b*n + i) * (dz(c + d*(b*n + i)) * weight(c) - t * t2)
-            dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + dz(c + d*(b*n + i)) * t
+            t = dz(c + d*(b*n + i)) * inv_rms(b*n + i)
+            dx(c + d*(b*n + i)) = t * weight(c) + t2 * x(c + d*(b*n + i))
+            dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + t * x(c + d*(b*n + i))
           end do
         end do
       end do

@@ -5,16 +5,14 @@
  * Do not edit; regenerate with: moagen emit --lang c rmsnorm_bwd --variant naive
  */
 /* What the kernel computes, as its DNF (psi-reduced, before scheduling):
- * dx[b, i, c] = (<b i> psi inv_rms)
- *               * ((<b i c> psi dz) * (<c> psi weight)
- *               - (<b i c> psi x) * (<b i> psi inv_rms)
- *               * sum[c2 < d](
- *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
- *               )
- *               / d)
+ * dx[b, i, c] = (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
+ *               + sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
+ *               * neg((<b i> psi inv_rms) * (<b i> psi inv_rms) * (<b i> psi inv_rms))
+ *               / d
+ *               * (<b i c> psi x)
  * dweight[c] = sum[b2 < batch](
  *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+ *                      (<b2 i2 c> psi dz) * (<b2 i2> psi inv_rms) * (<b2 i2 c> psi x)
  *                  )
  *              )
  */
@@ -41,19 +39,19 @@ void rmsnorm_bwd_naive_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
-            double dot = 0.0;
-            #pragma omp simd reduction(+:dot)
+            double total = 0.0;
+            #pragma omp simd reduction(+:total)
             for (int64_t c = 0; c < d; ++c) {
-                dot += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+                total += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)];
             }
-            const double t = dot / (double)d;
+            const double t = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (double)d;
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                dx[c + d*(b*n + i)] = inv_rms[b*n + i] * (dz[c + d*(b*n + i)] * weight[c] - x[c + d*(b*n + i)] * inv_rms[b*n + i] * t);
+                dx[c + d*(b*n + i)] = dz[c + d*(b*n + i)] * inv_rms[b*n + i] * weight[c] + t * x[c + d*(b*n + i)];
             }
         }
     }
-    /* dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+    /* dweight.partial: reads dz, inv_rms, x; scratch dweight_part
      * for i_part (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
@@ -66,7 +64,7 @@ void rmsnorm_bwd_naive_f64(
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+                    dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * inv_rms[b*n + i] * x[c + d*(b*n + i)];
                 }
             }
         }
@@ -103,19 +101,19 @@ void rmsnorm_bwd_naive_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
-            float dot = 0.0f;
-            #pragma omp simd reduction(+:dot)
+            float total = 0.0f;
+            #pragma omp simd reduction(+:total)
             for (int64_t c = 0; c < d; ++c) {
-                dot += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+                total += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)];
             }
-            const float t = dot / (float)d;
+            const float t = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (float)d;
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                dx[c + d*(b*n + i)] = inv_rms[b*n + i] * (dz[c + d*(b*n + i)] * weight[c] - x[c + d*(b*n + i)] * inv_rms[b*n + i] * t);
+                dx[c + d*(b*n + i)] = dz[c + d*(b*n + i)] * inv_rms[b*n + i] * weight[c] + t * x[c + d*(b*n + i)];
             }
         }
     }
-    /* dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+    /* dweight.partial: reads dz, inv_rms, x; scratch dweight_part
      * for i_part (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
@@ -128,7 +126,7 @@ void rmsnorm_bwd_naive_f32(
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+                    dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * inv_rms[b*n + i] * x[c + d*(b*n + i)];
                 }
             }
         }

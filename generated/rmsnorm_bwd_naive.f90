@@ -4,16 +4,14 @@
 ! Do not edit; regenerate with: moagen emit --lang fortran rmsnorm_bwd --variant naive
 !
 ! What the kernel computes, as its DNF (psi-reduced, before scheduling):
-! dx[b, i, c] = (<b i> psi inv_rms)
-!               * ((<b i c> psi dz) * (<c> psi weight)
-!               - (<b i c> psi x) * (<b i> psi inv_rms)
-!               * sum[c2 < d](
-!                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-!               )
-!               / d)
+! dx[b, i, c] = (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
+!               + sum[c2 < d]((<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x))
+!               * neg((<b i> psi inv_rms) * (<b i> psi inv_rms) * (<b i> psi inv_rms))
+!               / d
+!               * (<b i c> psi x)
 ! dweight[c] = sum[b2 < batch](
 !                  sum[i2 < n](
-!                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+!                      (<b2 i2 c> psi dz) * (<b2 i2> psi inv_rms) * (<b2 i2 c> psi x)
 !                  )
 !              )
 module moagen_kernels
@@ -34,28 +32,28 @@ contains
     real(c_double), intent(out) :: dweight(0:d - 1)
     real(c_double), intent(out) :: dweight_part(0:16 * d - 1)
     integer(c_int64_t) :: b, i, c, i_part
-    real(c_double) :: dot, t, dweight_sum
+    real(c_double) :: total, t, dweight_sum
 
     ! dx: writes dx; reads dz, weight, x, inv_rms
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, dot, t)
+    !$omp parallel do collapse(2) schedule(static) private(c, total, t)
     do b = 0, batch - 1
       do i = 0, n - 1
-        dot = 0.0_c_double
-        !$omp simd reduction(+:dot)
+        total = 0.0_c_double
+        !$omp simd reduction(+:total)
         do c = 0, d - 1
-          dot = dot + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
+          total = total + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i))
         end do
-        t = dot / real(d, c_double)
+        t = total * -(inv_rms(b*n + i) * inv_rms(b*n + i) * inv_rms(b*n + i)) / real(d, c_double)
         !$omp simd
         do c = 0, d - 1
-          dx(c + d*(b*n + i)) = inv_rms(b*n + i) * (dz(c + d*(b*n + i)) * weight(c) - x(c + &
-              & d*(b*n + i)) * inv_rms(b*n + i) * t)
+          dx(c + d*(b*n + i)) = dz(c + d*(b*n + i)) * inv_rms(b*n + i) * weight(c) + t * x(c + &
+              & d*(b*n + i))
         end do
       end do
     end do
     !$omp end parallel do
-    ! dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+    ! dweight.partial: reads dz, inv_rms, x; scratch dweight_part
     ! for i_part (parallel) / c (simd), b / i / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i)
     do i_part = 0, 15
@@ -67,8 +65,8 @@ contains
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
           !$omp simd
           do c = 0, d - 1
-            dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + dz(c + d*(b*n + i)) * x(c + &
-                & d*(b*n + i)) * inv_rms(b*n + i)
+            dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + dz(c + d*(b*n + i)) * &
+                & inv_rms(b*n + i) * x(c + d*(b*n + i))
           end do
         end do
       end do
@@ -97,28 +95,28 @@ contains
     real(c_float), intent(out) :: dweight(0:d - 1)
     real(c_float), intent(out) :: dweight_part(0:16 * d - 1)
     integer(c_int64_t) :: b, i, c, i_part
-    real(c_float) :: dot, t, dweight_sum
+    real(c_float) :: total, t, dweight_sum
 
     ! dx: writes dx; reads dz, weight, x, inv_rms
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, dot, t)
+    !$omp parallel do collapse(2) schedule(static) private(c, total, t)
     do b = 0, batch - 1
       do i = 0, n - 1
-        dot = 0.0_c_float
-        !$omp simd reduction(+:dot)
+        total = 0.0_c_float
+        !$omp simd reduction(+:total)
         do c = 0, d - 1
-          dot = dot + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
+          total = total + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i))
         end do
-        t = dot / real(d, c_float)
+        t = total * -(inv_rms(b*n + i) * inv_rms(b*n + i) * inv_rms(b*n + i)) / real(d, c_float)
         !$omp simd
         do c = 0, d - 1
-          dx(c + d*(b*n + i)) = inv_rms(b*n + i) * (dz(c + d*(b*n + i)) * weight(c) - x(c + &
-              & d*(b*n + i)) * inv_rms(b*n + i) * t)
+          dx(c + d*(b*n + i)) = dz(c + d*(b*n + i)) * inv_rms(b*n + i) * weight(c) + t * x(c + &
+              & d*(b*n + i))
         end do
       end do
     end do
     !$omp end parallel do
-    ! dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+    ! dweight.partial: reads dz, inv_rms, x; scratch dweight_part
     ! for i_part (parallel) / c (simd), b / i / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i)
     do i_part = 0, 15
@@ -130,8 +128,8 @@ contains
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
           !$omp simd
           do c = 0, d - 1
-            dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + dz(c + d*(b*n + i)) * x(c + &
-                & d*(b*n + i)) * inv_rms(b*n + i)
+            dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + dz(c + d*(b*n + i)) * &
+                & inv_rms(b*n + i) * x(c + d*(b*n + i))
           end do
         end do
       end do

@@ -5,6 +5,7 @@ decides the output (language, source text, compiler and flags). A folder there i
 it is built in a private folder and renamed into place in one step, so a cache hit needs no
 compiler and two processes building the same kernel at once both end up with one artifact.
 """
+import ast
 import ctypes.util
 import hashlib
 import json
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -29,8 +30,10 @@ INSTALL_C = "apt-get install gcc"
 INSTALL_FORTRAN = "apt-get install gfortran"
 INSTALL_CXX = "apt-get install g++"
 INSTALL_CUDA = "the CUDA toolkit: apt-get install nvidia-cuda-toolkit (or NVIDIA's cuda package)"
+INSTALL_OFFLOAD = "apt-get install gcc-12-offload-nvptx"
 INSTALL_F90WRAP = "pip install f90wrap==0.3.0"
 INSTALL_MESON = "pip install meson==1.12.1 ninja==1.13.2"
+INSTALL_MPI = "apt-get install openmpi-bin libopenmpi-dev"
 
 # the GPUs every CUDA kernel is compiled for, with or without one present
 CUDA_ARCHS = ("sm_80", "sm_90")
@@ -56,6 +59,14 @@ LIBMVEC = _libmvec()
 # d 64, n 1024, 2 threads, 71-83 ms against 95-99 ms. Reassociation moves sums by rounding
 # only; infinities and NaNs keep their meaning (no -ffinite-math-only).
 REASSOCIATE = ("-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
+
+# OpenACC offloaded to NVIDIA GPUs (gcc-12-offload-nvptx; gfortran shares it). gcc 12 writes
+# PTX for sm_35 by default, which the CUDA 12+ ptxas (the driver's JIT too) no longer takes.
+# Where no GPU is found at run time the regions run on the host.
+PTX_ARCH = "sm_80"
+OFFLOAD = ("-fopenacc", "-foffload=nvptx-none", f"-foffload-options=nvptx-none=-misa={PTX_ARCH}",
+           "-foffload-options=nvptx-none=-lm")  # exp and sqrt on the device: its libm
+ACC_LDFLAGS = ("-shared", "-lm")
 
 
 def _env(name, default):
@@ -87,6 +98,19 @@ class Toolchain:
         default_factory=_env_flags("MOAGEN_FFLAGS", ("-O3", "-march=native", "-fopenmp", "-fPIC",
                                                      *REASSOCIATE)))
     fldflags: tuple = ("-lgomp",)  # the f2py extension links the OpenMP runtime itself
+    # what the f2py extension is linked with besides (meson reads LDFLAGS): OpenACC's
+    # device code is made at link time, from the offload flags
+    fsharedflags: tuple = ()
+    # C and Fortran for OpenACC (openacc()): the CPU flags, OpenMP and libmvec swapped for
+    # the offload flags
+    acc_cflags: tuple = field(
+        default_factory=_env_flags("MOAGEN_ACC_CFLAGS", ("-O3", "-march=native", "-fPIC",
+                                                         "-std=c99", "-ffp-contract=fast",
+                                                         "-fno-math-errno", *REASSOCIATE,
+                                                         *OFFLOAD)))
+    acc_fflags: tuple = field(
+        default_factory=_env_flags("MOAGEN_ACC_FFLAGS", ("-O3", "-march=native", "-fPIC",
+                                                         *REASSOCIATE, *OFFLOAD)))
     nvcc: str = field(default_factory=_env("NVCC", "nvcc"))
     nvccflags: tuple = field(default_factory=_env_flags("MOAGEN_NVCCFLAGS", ("-O3",)))
     nvccldflags: tuple = ("-Xcompiler", "-fPIC", "-shared")  # the runnable library only
@@ -108,7 +132,17 @@ class Toolchain:
                      "flags": list(self.nvccflags), "link": list(self.nvccldflags)},
             "cuda-emulated": {"compiler": self.cxx, "version": _version(self.cxx),
                               "flags": list(self.cxxflags), "link": list(self.cxxldflags)},
+            "openacc-c": {"compiler": self.cc, "version": _version(self.cc),
+                          "flags": list(self.acc_cflags), "link": list(ACC_LDFLAGS)},
+            "openacc-fortran": {"compiler": self.fc, "version": _version(self.fc),
+                                "flags": list(self.acc_fflags),
+                                "link": list(self.fldflags + self.acc_fflags)},
         }
+
+    def openacc(self):
+        """This toolchain building OpenACC: C and Fortran with the offload flags."""
+        return replace(self, cflags=self.acc_cflags, cldflags=ACC_LDFLAGS,
+                       fflags=self.acc_fflags, fsharedflags=self.acc_fflags)
 
 
 @dataclass(frozen=True)
@@ -148,7 +182,8 @@ def build_fortran(source, stem, module, toolchain=None):
     if not re.search(rf"^\s*module\s+{re.escape(module)}\s*$", source, re.IGNORECASE | re.MULTILINE):
         raise ValueError(f"Fortran source for {stem!r} defines no module {module!r}")
     tc = toolchain or Toolchain()
-    key = ("fortran", source, tc.fc, tc.fflags, tc.fldflags)
+    key = ("fortran", source, tc.fc, tc.fflags, tc.fldflags) + \
+        ((tc.fsharedflags,) if tc.fsharedflags else ())  # the keys of CPU builds unchanged
 
     def build(folder, name):
         fc = _require(tc.fc, "Fortran compiler", INSTALL_FORTRAN)
@@ -160,6 +195,8 @@ def build_fortran(source, stem, module, toolchain=None):
             if shutil.which(tool, path=path) is None:
                 raise CompilerNotFound(f"{tool} not found (f2py needs it); install it with: {INSTALL_MESON}")
         env = {**os.environ, "PATH": path, "FC": fc, "CC": cc}
+        if tc.fsharedflags:
+            env["LDFLAGS"] = " ".join(tc.fsharedflags)
 
         src = _write(folder / f"{stem}.f90", source)
         _run([fc, *tc.fflags, "-c", src.name, "-o", f"{stem}.o"], src, cwd=folder)
@@ -169,6 +206,25 @@ def build_fortran(source, stem, module, toolchain=None):
 
     folder = _cached(stem, key, build)
     return folder / f"_{folder.name.replace('-', '_')}{sysconfig.get_config_var('EXT_SUFFIX')}"
+
+
+def build_mpi(sources, stem, lang, toolchain=None):
+    """Build C or Fortran sources that call MPI into one shared library (for cffi dlopen),
+    with MPI's compiler wrappers (mpicc, mpifort: they add MPI's headers, Fortran modules
+    and libraries) over the language's flags; sources: file name -> text, compiled in that
+    order (a Fortran module before the files that use it). Returns the library's path."""
+    tc = toolchain or Toolchain()
+    wrapper, flags, link = {"c": ("mpicc", tc.cflags, tc.cldflags),
+                            "fortran": ("mpifort", tc.fflags, ("-shared",))}[lang]
+    key = ("mpi", lang, sorted(sources.items()), wrapper, flags, link)
+
+    def build(folder, name):
+        paths = [_write(folder / filename, text) for filename, text in sources.items()]
+        modules = [f"-J{folder}"] if lang == "fortran" else []
+        _run([_require(wrapper, "MPI compiler wrapper", INSTALL_MPI), *flags, *modules, "-o",
+              str(folder / f"lib{stem}.so"), *map(str, paths), *link], paths[-1], cwd=folder)
+
+    return _cached(stem, key, build) / f"lib{stem}.so"
 
 
 def build_cuda(source, stem, toolchain=None):
@@ -213,6 +269,51 @@ def compile_cuda(source, stem, arch, toolchain=None):
 
     folder = _cached(stem, key, build)
     return CubinResult(folder / f"{stem}.cubin", (folder / "ptxas.txt").read_text())
+
+
+@dataclass(frozen=True)
+class OffloadResult:
+    ptx: Path  # the device code gcc made for a source's OpenACC regions
+    cubin: Path  # ptxas' machine code of it for PTX_ARCH (relocatable: libm calls unlinked)
+    ptxas_report: str  # ptxas -v on it: registers and spills per region
+
+
+def offload_ptx(source, stem, extension, toolchain=None):
+    """The PTX that gcc or gfortran (extension "c" or "f90") makes for the OpenACC regions
+    of `source` with the OpenACC flags, as a built library embeds it (mkoffload keeps it as
+    C strings in *.xnvptx-none.c under -save-temps), and ptxas' report on it."""
+    tc = toolchain or Toolchain()
+    compiler, flags = (tc.cc, tc.acc_cflags) if extension == "c" else (tc.fc, tc.acc_fflags)
+    key = ("offload-ptx", extension, source, compiler, flags)
+
+    def build(folder, name):
+        _require(compiler, "C or Fortran compiler", INSTALL_FORTRAN if extension == "f90" else INSTALL_C)
+        ptxas = _require("ptxas", "PTX assembler (CUDA toolkit)", INSTALL_CUDA)
+        src = _write(folder / f"{stem}.{extension}", source)
+        _run([compiler, *flags, "-save-temps", "-o", f"lib{stem}.so", src.name, *ACC_LDFLAGS],
+             src, cwd=folder)
+        embedded = folder / f"lib{stem}.so.xnvptx-none.c"
+        if not embedded.is_file():
+            raise CompilerNotFound(f"{compiler} made no nvptx offload code; install it with: "
+                                   f"{INSTALL_OFFLOAD}")
+        ptx = _write(folder / f"{stem}.ptx", embedded_ptx(embedded.read_text()))
+        # -c: the module alone, its calls into the device's libm left to the link
+        _write(folder / "ptxas.txt", _run([ptxas, f"-arch={PTX_ARCH}", "-c", "-v", "-o",
+                                           str(folder / f"{stem}.cubin"), str(ptx)], src))
+
+    folder = _cached(stem, key, build)
+    return OffloadResult(folder / f"{stem}.ptx", folder / f"{stem}.cubin",
+                         (folder / "ptxas.txt").read_text())
+
+
+def embedded_ptx(text):
+    """The source's own PTX in mkoffload's C source: of the modules there (string literals
+    of its ptx_code_K arrays), the ones with entry points; the rest are the device's C and
+    math libraries."""
+    arrays = re.findall(r"static const char ptx_code_\d+\[\] =\n((?:\s*\".*\"\n)+)", text)
+    modules = ["".join(ast.literal_eval(s) for s in re.findall(r'"(?:[^"\\]|\\.)*"', a))
+               for a in arrays]
+    return "".join(m for m in modules if re.search(r"^\.entry ", m, re.MULTILINE))
 
 
 def _shared_library(source, stem, extension, key, command):

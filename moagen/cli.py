@@ -73,7 +73,13 @@ def _parser():
     p.add_argument("--emulate", action="store_true",
                    help="run CUDA on the host, each block's threads an OpenMP team "
                         "(cuda-emulated); with no --lang, CUDA only")
+    p.add_argument("--ranks", action="store_true",
+                   help="the distributed kernels (moagen.ranks), C and Fortran, on the ranks "
+                        "of the MPI job: mpirun -np P moagen verify --ranks")
     p.set_defaults(run=cmd_verify)
+
+    from moagen.grad_command import add_parser as add_grad_parser
+    add_grad_parser(sub)  # `moagen grad`: a kernel's backward derived from its spec
 
     from moagen.cost.command import add_parser as add_cost_parser
     add_cost_parser(sub)  # `moagen cost`: F, M, scratch, atomics; measured with --measure, --cuda
@@ -87,10 +93,11 @@ def _parser():
 
 
 def cmd_list(args):
-    from moagen.kernels import KERNELS
+    from moagen.kernels import ALIASES, KERNELS
     for kernel in KERNELS.values():
         variants = [name + _defaults_text(variant) for name, variant in kernel.variants.items()]
-        print(f"{kernel.name}: {', '.join(variants)}")
+        also = "".join(f" (= {a})" for a, name in ALIASES.items() if name == kernel.name)
+        print(f"{kernel.name}{also}: {', '.join(variants)}")
 
 
 def _defaults_text(variant):
@@ -106,7 +113,6 @@ def cmd_show(args):
     from moagen.kernels.compose import format_stages
     from moagen.kernels.layers import format_layers
     from moagen.moa.dnf import format_dnf
-    from moagen.moa.shape import annotate, fmt_shape
     from moagen.onf.loops import format_onf
 
     kernel = get_kernel(args.kernel)
@@ -123,13 +129,19 @@ def cmd_show(args):
     elif isinstance(kernel, CompositeKernel):
         print(format_stages(kernel.composite, args.stage, get_kernel), end="")
     elif args.stage == "shape":
-        kernel.spec.validate()
-        for out in kernel.spec.outputs:
-            print(f"output {out.name}[{', '.join(out.index)}]:")
-            for depth, path, what, shape in annotate(out.value, f"{kernel.name}.{out.name}"):
-                print(f"  {'  ' * depth + what:<48} {fmt_shape(shape):<28} {path}")
+        print_shapes(kernel.spec)
     else:
         print(format_dnf(kernel.dnf(args.variant)), end="")
+
+
+def print_shapes(spec):
+    """Every node of every output with its shape: the `shape` stage."""
+    from moagen.moa.shape import annotate, fmt_shape
+    spec.validate()
+    for out in spec.outputs:
+        print(f"output {out.name}[{', '.join(out.index)}]:")
+        for depth, path, what, shape in annotate(out.value, f"{spec.name}.{out.name}"):
+            print(f"  {'  ' * depth + what:<48} {fmt_shape(shape):<28} {path}")
 
 
 def name_equals_integer(text):
@@ -209,6 +221,10 @@ def cmd_verify(args):
     from moagen.onf.signature import DTYPES
     from moagen.targets import emulated
 
+    if args.ranks:
+        from moagen.ranks.verify import main as verify_ranks
+        return verify_ranks(args.kernels or None, tuple(args.lang or ("c", "fortran")),
+                            tuple(args.dtype or DTYPES))
     if args.emulate:
         langs = tuple(emulated(lang) for lang in args.lang or ("cuda",))
     else:

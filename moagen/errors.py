@@ -33,4 +33,4 @@ class CompileError(MoagenError):
 
 
 class DeviceUnavailable(MoagenError):
-    """A CUDA kernel was asked to run where there is no pycuda or no GPU."""
+    """A CUDA kernel was asked to run where there is no cuda-python or no GPU."""

@@ -7,8 +7,9 @@ from functools import lru_cache
 from moagen.kernels import get_kernel
 from moagen.onf.loops import ONF
 
-# what a variant's mapping layer is written for: a CPU (OpenMP) or a CUDA GPU
-TARGET_KINDS = ("cpu", "cuda")
+# what a variant's mapping layer is written for: a CPU (OpenMP), a CUDA GPU, or a GPU
+# through OpenACC
+TARGET_KINDS = ("cpu", "cuda", "openacc")
 
 
 def param_pairs(params) -> tuple:

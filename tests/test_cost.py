@@ -347,7 +347,7 @@ def test_parse_reads_the_summary_line():
 
 def _cuda_tools():
     try:
-        sass._cuobjdump()
+        sass.cuobjdump()
     except CompilerNotFound:
         return False
     return shutil.which("nvcc") is not None

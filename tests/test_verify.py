@@ -81,7 +81,7 @@ def test_a_wrong_kernel_fails_verification(kernel, sizes, wrong):
 
 def test_cuda_kernels_run_where_a_gpu_is():
     if not cuda.available():
-        pytest.skip("no pycuda or no GPU here: CUDA kernels are compiled (test_codegen), not run")
+        pytest.skip("no cuda-python or no GPU here: CUDA kernels are compiled (test_codegen), not run")
     rows = list(verify.run(langs=("cuda",)))
     assert rows and all(r.status == "pass" for r in rows), [verify.format_row(r) for r in rows]
 

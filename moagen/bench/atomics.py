@@ -23,15 +23,19 @@ def atomic_count(kernel, variant, sizes) -> int:
     return sum(int(sympy.sympify(c).subs(env)) for c in atomic_updates(onf).values())
 
 
-def plan(ns, langs, repeats):
-    groups = []
+def plan(ns, langs, repeats, dry_run=False):
+    """A job per language: CUDA's on the GPU's arrays, timed by its clock."""
+    jobs = []
     for lang in langs:
+        groups = []
         for n in ns:
             groups.append(dict(kernel=FUSED[0], dtype="float64", sizes=cases.sizes(FUSED[0], n),
                                impls=[[lang, v] for v in FUSED[1]]))
             groups += [dict(kernel=k, dtype="float64", sizes=cases.sizes(k, n), impls=[[lang, v]])
                        for k, v in SEPARATE]
-    return [sweep.Job(sweep.Setting(os.cpu_count()), groups, repeats=repeats)]
+        jobs.append(sweep.Job(sweep.Setting(os.cpu_count()), groups, warmup=0 if dry_run else 1,
+                              repeats=1 if dry_run else repeats, device=cases.device_of([lang])))
+    return jobs
 
 
 def rows(records):
@@ -86,10 +90,10 @@ def figure(table, path):
 
 def main(args):
     from moagen.targets import get_target
-    langs = [cases.check_impl(lang) for lang in args.lang or
+    langs = [cases.check_impl(lang, args.dry_run) for lang in args.lang or
              [lang for lang in ("c", "cuda") if get_target(lang).runs_here()]]
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
-    records = sweep.run(plan(args.n, langs, args.repeats), results)
+    records = sweep.run(plan(args.n, langs, args.repeats, args.dry_run), results)
     table = rows(records)
     print(f"machine: {machine_summary(results.machine)}; {os.cpu_count()} threads")
     print(format_table(table))

@@ -3,7 +3,8 @@ timed on the same inputs: generated kernels per language (moagen.targets) and th
 the numpy reference, and the PyTorch a user would write, eager (`torch`) and compiled by
 torch.compile (`compiled`: Inductor, C++ and OpenMP on a CPU). Each kernel's module declares
 its sizes, lengths, references and PyTorch baseline (its `bench` and `check`,
-moagen.kernels.cases)."""
+moagen.kernels.cases). A language whose kernels run on a device (CUDA) is measured on that
+device's arrays, next to PyTorch on the same device (moagen.bench.worker)."""
 import numpy as np
 
 from moagen.errors import DeviceUnavailable, MoagenError, UnknownNameError
@@ -51,17 +52,39 @@ def targets(items):
     return out
 
 
-def check_impl(lang: str):
+def check_impl(lang: str, dry_run=False):
     """A language to measure (the baselines run next to every one anyway), refused up front
-    where its kernels cannot run here or its times would mean nothing."""
+    where its kernels cannot run here or its times would mean nothing (unless the run is a
+    dry run, which checks the sweep end to end and measures nothing)."""
     from moagen.targets import get_target
     target = get_target(lang)
-    if not target.measured:
+    if not target.measured and not dry_run:
         raise MoagenError(f"{lang} is for verification: its times say nothing about the "
                           f"machine it is meant for; measure {target.variant_of} there")
     if not target.runs_here():
         raise DeviceUnavailable(f"{lang} requested but {target.missing} is available here")
     return lang
+
+
+def device_of(langs):
+    """The device target the languages' kernels run on (a name), or None for the host; a
+    sweep measures on one side only, so that every call of a group gets the same arrays."""
+    from moagen.targets import get_target
+    devices = {lang: get_target(lang).device is not None for lang in langs}
+    if len(set(devices.values())) > 1:
+        raise MoagenError(f"{', '.join(l for l, d in devices.items() if d)} run on a device and "
+                          f"{', '.join(l for l, d in devices.items() if not d)} on the host: "
+                          "measure them in separate runs")
+    return next((lang for lang, on_device in devices.items() if on_device), None)
+
+
+def check_baselines(baselines, device):
+    """The baselines that can run next to kernels on `device` (None: the host): PyTorch
+    runs on a GPU, the numpy reference does not."""
+    if device and "numpy" in baselines:
+        raise MoagenError("the numpy baseline runs on the host only: leave it out where the "
+                          f"kernels run on a device ({device}); torch runs there")
+    return tuple(baselines)
 
 
 def scalars(kernel: str, sizes: dict) -> dict:
@@ -86,16 +109,17 @@ def inputs(kernel: str, sizes: dict, dtype: str, seed=0, empty=np.empty):
     return placed
 
 
-def kernel_callable(kernel: str, variant: str, lang: str, dtype: str, params=None):
+def kernel_callable(kernel: str, variant: str, lang: str, dtype: str, params=None, device=None):
     """A callable(*inputs, out=None, **scalars) for a generated kernel (params: schedule
-    parameters over the variant's defaults) or a baseline."""
+    parameters over the variant's defaults) or a baseline; device: where the inputs are
+    (a device of moagen.bind, None for numpy arrays), for the baselines."""
     from moagen import runtime
     from moagen.kernels import get_kernel
     if lang == "numpy":
         reference = get_kernel(kernel).check.references[lang]
         return lambda *args, out=None, **kw: reference(*args, **kw)
     if lang in BASELINES:
-        return _on_tensors(_torch_baseline(kernel, compiled=lang == "compiled"))
+        return _on_tensors(_torch_baseline(kernel, compiled=lang == "compiled"), device)
     return runtime.load(kernel, variant, lang, dtype, params, tuned=False)
 
 
@@ -120,18 +144,23 @@ def _torch_baseline(kernel: str, compiled: bool):
     return torch.compile(fn, dynamic=False)
 
 
-def _on_tensors(fn):
-    """The baseline over the numpy inputs, shared with torch without a copy."""
+def _on_tensors(fn, device=None):
+    """The baseline over the inputs, shared with torch without a copy: numpy arrays, or a
+    device's arrays (CUDA tensors on a GPU)."""
     import torch
-    return lambda *args, out=None, **kw: fn(*map(torch.from_numpy, args), **kw)
+    tensor = torch.from_numpy if device is None else device.torch_tensor
+    return lambda *args, out=None, **kw: fn(*map(tensor, args), **kw)
 
 
-def outputs(fn, sizes):
+def outputs(fn, sizes, on_device=False):
     """Preallocated outputs of a generated kernel (None for baselines and in-place kernels),
-    so that timed calls allocate nothing."""
+    so that timed calls allocate nothing; on its device where the inputs are."""
+    from moagen.bind.cuda_arrays import DeviceArray
     sig = getattr(fn, "signature", None)
     if sig is None or not sig.outputs:
         return None
     env = {s: sizes[s.name] for s in sig.sizes}
-    outs = tuple(np.empty(tuple(int(d.subs(env)) for d in p.shape), sig.dtype) for p in sig.outputs)
+    empty = (lambda shape: DeviceArray(fn.device, shape, sig.dtype)) if on_device else \
+        (lambda shape: np.empty(shape, sig.dtype))
+    outs = tuple(empty(tuple(int(d.subs(env)) for d in p.shape)) for p in sig.outputs)
     return outs if len(outs) > 1 else outs[0]

@@ -26,10 +26,11 @@ def add_parsers(bench, benchmarks, top):
                        metavar="NAME=VALUE", help="another size for the kernels that have it "
                                                   "(heads=8, d=128); repeatable")
     bench.add_argument("--baselines", nargs="*", choices=BASELINES,
-                       default=list(DEFAULT_BASELINES),
                        help="which baselines run next to ours: the numpy reference, the PyTorch "
                             "a user would write, and that PyTorch under torch.compile (default: "
-                            f"{' and '.join(DEFAULT_BASELINES)}; none with no name)")
+                            f"{' and '.join(DEFAULT_BASELINES)}; torch alone for CUDA, on the "
+                            "same GPU; none with no name)")
+    _dry_run_option(bench)
     bench.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON-lines file, appended to")
     from moagen.bench.tune import DEFAULT_FILE
     bench.add_argument("--tuning", type=Path, default=DEFAULT_FILE,
@@ -70,6 +71,7 @@ def add_parsers(bench, benchmarks, top):
                                               "separate forward and backward")
     p.add_argument("--n", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--lang", action="append", metavar="LANG", help="default: c (and cuda with a GPU)")
+    _dry_run_option(p)
     _experiment_options(p, "atomics")
 
     p = benchmarks.add_parser("topology", help="paper V, result 2: decode over threads, binding, "
@@ -84,6 +86,12 @@ def add_parsers(bench, benchmarks, top):
     p.add_argument("--n", type=int, help="default: per kernel")
     p.add_argument("--valgrind", action="store_true",
                    help="also count instructions and cache misses under cachegrind (slow)")
+    p.add_argument("--target", choices=("cpu", "openacc"), default="cpu",
+                   help="openacc: OpenACC C, C without restrict and Fortran on a GPU, next "
+                        "to CUDA (moagen.bench.offload)")
+    p.add_argument("--ptx", action="store_true",
+                   help="with --target openacc: the device code side by side (PTX, ptxas, "
+                        "SASS), no GPU needed; default kernels: every kernel")
     _experiment_options(p, "languages")
 
     p = top.add_parser("report", help="summary (markdown) and plots of a benchmark results file")
@@ -99,7 +107,23 @@ def add_parsers(bench, benchmarks, top):
     p.add_argument("--numa-nodes", type=int, default=1)
     p.add_argument("--time", default="01:00:00")
     p.add_argument("-o", "--output", type=Path, help="default: print it")
+    p.add_argument("--ring", action="store_true",
+                   help="instead: the distributed kernels verified and ring attention measured "
+                        "on a multi-node allocation, one MPI rank per NUMA node")
+    p.add_argument("--nodes", type=int, default=2, help="with --ring (default: %(default)s)")
+    p.add_argument("--ranks-per-numa", type=int, default=1,
+                   help="with --ring: MPI ranks per NUMA node (default: %(default)s)")
+    p.add_argument("--python", default=".venv/bin/python",
+                   help="with --ring: the Python with moagen and mpi4py (default: %(default)s)")
+    p.add_argument("--ring-n", type=int, default=65536,
+                   help="with --ring: the sequence measured (default: %(default)s)")
     p.set_defaults(run=_run("moagen.bench.slurm"))
+
+
+def _dry_run_option(p):
+    p.add_argument("--dry-run", action="store_true",
+                   help="every call once, to check the run end to end before a GPU is at hand "
+                        "(cuda-emulated allowed); the times mean nothing")
 
 
 def _experiment_options(p, module):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from moagen.bench import cases, sweep
 from moagen.bench.machine import summary as machine_summary
-from moagen.errors import CompilerNotFound
+from moagen.errors import CompilerNotFound, UnknownNameError
 
 LANGS = ("c", "c-norestrict", "fortran")  # the targets compared (moagen.targets)
 DEFAULT_KERNELS = ("attention_fwd", "attention_bwd", "attention_fwdbwd", "attention_decode",
@@ -29,9 +29,9 @@ def default_length(kernel):
     return lengths[len(lengths) // 2]
 
 
-def plan(pairs, n, repeats):
+def plan(pairs, n, repeats, langs=LANGS):
     groups = [dict(kernel=k, dtype="float64", sizes=cases.sizes(k, n or default_length(k)),
-                   impls=[[lang, v] for lang in LANGS]) for k, v in pairs]
+                   impls=[[lang, v] for lang in langs]) for k, v in pairs]
     return [sweep.Job(sweep.Setting(os.cpu_count()), groups, repeats=repeats)]
 
 
@@ -138,6 +138,11 @@ def figure(rows, path):
 
 
 def main(args):
+    if args.target == "openacc":  # the GPU half: moagen.bench.offload
+        from moagen.bench import offload
+        return offload.main(args)
+    if args.ptx:
+        raise UnknownNameError("--ptx is the device code of OpenACC: give --target openacc")
     pairs = cases.targets(args.kernels or DEFAULT_KERNELS)
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
     rows = table(sweep.run(plan(pairs, args.n, args.repeats), results))

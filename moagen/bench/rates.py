@@ -1,21 +1,25 @@
 """GFLOP/s and GB/s of a measured call, from the flops F and bytes M that the cost model
 (moagen.cost) predicts from the variant's ONF at the call's sizes. M is the model's
-traffic between memory and cache (moagen.cost.Cost.M), so GB/s is an effective bandwidth."""
+traffic between memory and cache (moagen.cost.Cost.M), so GB/s is an effective bandwidth.
+min GB/s counts each element the call must read or write once (Cost.M_min): what a GPU's
+kernels are held to against the device's copy bandwidth, whose caches the CPU's cache
+model does not describe."""
 
 
 def predicted(kernel: str, variant: str, sizes: dict, dtype: str, params=None):
-    """(F, M) of one call with these schedule parameters: the one call to the cost model."""
+    """(F, M, M_min) of one call with these schedule parameters: the one call to the cost
+    model."""
     from moagen.cost import predict, value
     cost = predict(kernel, variant, dtype, params)
     env = cost.sizes_from(sizes)
-    return value(cost.flops, env), value(cost.M, env)
+    return value(cost.flops, env), value(cost.M, env), value(cost.M_min, env)
 
 
 def with_rates(record: dict) -> dict:
     if not record["variant"]:  # baselines: compared by time only
         return dict(record, flops=None, bytes=None, gflops=None, gbs=None)
-    flops, nbytes = predicted(record["kernel"], record["variant"], record["sizes"], record["dtype"],
-                              record.get("params"))
+    flops, nbytes, least = predicted(record["kernel"], record["variant"], record["sizes"],
+                                     record["dtype"], record.get("params"))
     time_s = record["median_s"]
     return dict(record, flops=flops, bytes=nbytes, gflops=flops / time_s / 1e9,
-                gbs=nbytes / time_s / 1e9)
+                gbs=nbytes / time_s / 1e9, min_bytes=least, min_gbs=least / time_s / 1e9)

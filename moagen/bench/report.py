@@ -1,6 +1,7 @@
 """`moagen report RESULTS`: a markdown summary and plots of one run of a JSON-lines results
 file (the latest by default): time against n per variant and language, thread scaling,
-and a roofline under this machine's measured roofs (triad bandwidth, GEMM peak)."""
+and a roofline under this machine's measured roofs (triad bandwidth, GEMM peak; on a GPU
+also the device's copy bandwidth, the memory roof of the kernels measured there)."""
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -54,23 +55,28 @@ def _impl(r):
 
 def gemm_share(result, roofs):
     """The result's GFLOP/s as a percentage of the GEMM in its dtype measured by the run's
-    roof at its thread count, or None (no roof, no flop count, or a roof of an older run
-    that measured float64 only)."""
+    roof at its thread count, or None (no roof, no flop count, a result run on a device, or a
+    roof of an older run that measured float64 only)."""
     gemm = next((r.get("gemm_gflops_by_dtype", {}).get(result["dtype"]) for r in roofs
                  if r["threads"] == result["threads"]), None)
     return 100 * result["gflops"] / gemm if gemm and result.get("gflops") is not None else None
 
 
-def table(results, roofs=()) -> str:
+def table(results, device_gbs=None, roofs=()) -> str:
+    """device_gbs: the copy bandwidth of the device the results ran on, None on the host;
+    roofs: the host's, for % GEMM."""
     ratios = [f"{b}/this" for b in cases.BASELINES]
+    roof = "% copy" if device_gbs else "% triad"
     lines = ["| " + " | ".join(["kernel", "impl", "n", "threads", "median ms", "IQR %", "GFLOP/s",
-                                "% GEMM", "GB/s", "% triad"] + ratios) + " |",
+                                "% GEMM", "GB/s", roof] + ratios) + " |",
              "| --- " * (10 + len(ratios)) + "|"]
     fmt = lambda x, f: "-" if x is None else format(x, f)
     for r in with_ratios(results):
         spread = 100 * (r["q3_s"] - r["q1_s"]) / r["median_s"]
-        triad = r.get("triad_gbs_alongside")
-        share = 100 * r["gbs"] / triad if triad and r.get("gbs") is not None else None
+        # on a device: the bytes the call must move, against the copy's (moagen.bench.rates)
+        moved = r.get("min_gbs") if device_gbs else r.get("gbs")
+        bandwidth = device_gbs or r.get("triad_gbs_alongside")
+        share = 100 * moved / bandwidth if bandwidth and moved is not None else None
         lines.append(f"| {r['kernel']} | {_impl(r)} | {r['sizes']['n']} | {r['threads']} | "
                      f"{r['median_s'] * 1e3:.3f} | {spread:.0f} | {fmt(r.get('gflops'), '.2f')} | "
                      f"{fmt(gemm_share(r, roofs), '.0f')} | "
@@ -105,6 +111,8 @@ def write(path, run=None, out_dir=None) -> Path:
         raise MoagenError(f"cannot write the report to {out_dir}: {error.strerror}") from error
     results = [r for r in records if r["record"] == "result"]
     roofs = [r for r in records if r["record"] == "roof"]
+    device_roofs = [r for r in records if r["record"] == "device_roof"]
+    device_gbs = max((r["copy_gbs"] for r in device_roofs), default=None)
     figures = _plots(results, roofs, out_dir)
     text = [f"# Benchmark run {head['run']}", "", f"Machine: {machine_summary(head['machine'])}",
             "", f"Command: `{' '.join(head['command'])}`", "", "## Measured roofs", ""]
@@ -112,14 +120,20 @@ def write(path, run=None, out_dir=None) -> Path:
              + ", ".join(f"{dtype} {gflops:.1f}" for dtype, gflops in
                          r.get("gemm_gflops_by_dtype", {"float64": r["gemm_gflops"]}).items())
              + " GFLOP/s" for r in roofs]
+    text += [f"- {r['device']}: copy {r['copy_gbs']:.1f} GB/s (bytes read and written, "
+             f"{r['copy_bytes'] >> 20} MiB copied within the device)" for r in device_roofs]
     text += ["", "## Results", "", "Median of the repeats after warm-up; IQR: interquartile range "
              "over the median; % triad: GB/s over the bandwidth of a STREAM triad timed in the same "
              "rounds as the kernel (a bandwidth-bound kernel's share of the memory roof); % GEMM: "
              "GFLOP/s over the roof's GEMM in the kernel's dtype (a compute-bound kernel's share "
-             "of the flop roof); "
+             "of the flop roof; host kernels); % copy, "
+             "for kernels run on a GPU (timed by CUDA events, their arrays on the GPU): the "
+             "bytes the call must move (each element read or written once) per second, over "
+             "the device's copy bandwidth; "
              "numpy/this, torch/this and compiled/this: the baseline's time over ours on the same "
-             "inputs, measured in a process of their own (above 1: ours is faster).", "",
-             table(results, roofs), ""]
+             "inputs, measured in a process of their own (on a GPU in the same rounds; above 1: ours "
+             "is faster).", "",
+             table(results, device_gbs, [] if device_gbs else roofs), ""]
     listed = baselines(results)
     text += ["## What each baseline computes", "", listed, ""] if listed else []
     text += [f"![{f.stem}]({f.name})" for f in figures]

@@ -2,7 +2,8 @@
 24 bytes an element, arrays far larger than the caches) and peak flops by a BLAS GEMM
 (numpy's matmul) in each dtype a kernel runs in (float32 about twice float64 where vectors
 hold twice the numbers), all at the process's thread count. The best of a few runs counts,
-as in STREAM. The GEMMs run first: OpenMP threads left spinning after the triad slow them."""
+as in STREAM. The GEMMs run first: OpenMP threads left spinning after the triad slow them.
+On a device (a GPU), its copy bandwidth: a device-to-device copy, by the device's clock."""
 import time
 
 import numpy as np
@@ -49,3 +50,15 @@ def measure(quick=False) -> dict:
     triad_s = _best(triad, 5 if quick else 10)
     return dict(triad_gbs=triad_bytes / triad_s / 1e9, gemm_gflops=gemm["float64"],
                 gemm_gflops_by_dtype=gemm, triad_elements=n, gemm_n=m)
+
+
+def device_copy(device, quick=False) -> dict:
+    """A device's memory bandwidth, as a copy within it moves bytes (each byte read and
+    written: twice the array), far larger than its caches; the best of a few copies."""
+    from moagen.bind.cuda_arrays import DeviceArray
+    nbytes = 1 << (26 if quick else 31)  # 64 MiB (2 GiB) an array; an H200's L2: 60 MB
+    source, destination = (DeviceArray(device, (nbytes,), np.uint8) for _ in range(2))
+    device.copy(destination, source)  # first touch, outside the timing
+    seconds = min(device.elapsed(lambda: device.copy(destination, source))
+                  for _ in range(3 if quick else 10))
+    return dict(copy_gbs=2 * nbytes / seconds / 1e9, copy_bytes=nbytes)

@@ -45,10 +45,13 @@ class Job:
     roof: bool = False
     quick: bool = False
     triad_in_rounds: bool = False  # a triad timed in the groups' rounds (moagen.bench.worker)
+    device: str = None  # the target whose device holds the arrays and times the calls
     measurements: int = field(init=False)
 
     def __post_init__(self):
-        self.measurements = sum(len(g["impls"]) for g in self.groups) + self.roof
+        # a roof job's records: the host's roofs, and a device's copy bandwidth
+        roofs = self.roof * (1 + (self.device is not None))
+        self.measurements = sum(len(g["impls"]) for g in self.groups) + roofs
 
 
 class Results:
@@ -98,7 +101,7 @@ def run(jobs, results: Results):
     for job in jobs:
         payload = dict(groups=job.groups, warmup=job.warmup, repeats=job.repeats, roof=job.roof,
                        quick=job.quick, touch=job.setting.touch, calls=job.setting.calls,
-                       triad_in_rounds=job.triad_in_rounds)
+                       triad_in_rounds=job.triad_in_rounds, device=job.device)
         command = [sys.executable, "-m", "moagen.bench.worker", json.dumps(payload)]
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, **job.setting.env()}) as worker:
@@ -120,5 +123,7 @@ def run(jobs, results: Results):
 def _describe(record):
     if record["record"] == "roof":
         return f"roof: triad {record['triad_gbs']:.1f} GB/s, GEMM {record['gemm_gflops']:.1f} GFLOP/s"
+    if record["record"] == "device_roof":
+        return f"{record['device']}: copy {record['copy_gbs']:.1f} GB/s"
     what = " ".join(filter(None, (record["kernel"], record["variant"], record["lang"])))
     return f"{what} n={record['sizes']['n']}: {record['median_s'] * 1e3:.2f} ms"

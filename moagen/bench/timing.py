@@ -1,7 +1,8 @@
 """Timing calls: warm-up calls first (first-call costs: page faults, lazy binding, thread
 pool start), then repeats, round-robin over the calls being compared, so that a burst of
 load from elsewhere on the machine falls on all of them rather than on one. The median and
-the interquartile range describe each call's times."""
+the interquartile range describe each call's times. A call that runs on a GPU is timed by
+the GPU's clock (the device's `elapsed`: CUDA events), others by the host's wall clock."""
 import time
 
 import numpy as np
@@ -9,22 +10,23 @@ import numpy as np
 SLOW_CALL_S = 2.0  # when a warm-up call is slower than this, 3 repeats at most
 
 
-def _timed(fn):
+def wall_clock(fn):
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
 
 
-def time_calls(calls, warmup=1, repeats=5) -> list:
-    """Statistics for each of `calls` (callables of no argument), in order."""
+def time_calls(calls, warmup=1, repeats=5, clock=wall_clock) -> list:
+    """Statistics for each of `calls` (callables of no argument), in order; clock(fn) runs
+    fn once and returns its seconds."""
     for fn in calls:
         for _ in range(warmup):
-            if _timed(fn) > SLOW_CALL_S:
+            if clock(fn) > SLOW_CALL_S:
                 repeats = min(repeats, 3)
     times = [[] for _ in calls]
     for _ in range(repeats):
         for fn, mine in zip(calls, times):
-            mine.append(_timed(fn))
+            mine.append(clock(fn))
     return [_stats(t, warmup) for t in times]
 
 

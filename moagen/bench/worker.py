@@ -5,8 +5,12 @@ nothing else, on stdout.
 
 A job: {"groups": [{"kernel", "dtype", "sizes", "impls": [[lang, variant(, params)], ...]}, ...],
         "warmup", "repeats", "roof": bool, "touch": "serial" | "parallel",
-        "calls": "one" | "per-batch", "triad_in_rounds": bool}
-Every impl of a group is timed on the same inputs, round-robin. With triad_in_rounds, a
+        "calls": "one" | "per-batch", "triad_in_rounds": bool, "device": target name or null}
+Every impl of a group is timed on the same inputs, round-robin. With a device (the name
+of a target whose kernels run on one: "cuda"), the inputs and outputs live in its memory,
+copied there before the timing, the baselines run there too, every call is timed by the
+device's clock (CUDA events: no transfer inside), and a roof job also measures the
+device's copy bandwidth. With triad_in_rounds, a
 STREAM triad runs in the same rounds, and each of our results records its bandwidth: on a
 shared machine the memory bandwidth moves from minute to minute, so a kernel's share of it
 is only meaningful against a triad measured alongside.
@@ -15,28 +19,37 @@ import json
 import sys
 
 from moagen.bench import cases, roof
-from moagen.bench.timing import time_calls
+from moagen.bench.timing import wall_clock, time_calls
+from moagen.bind.cuda_arrays import to_device
 
 
 def run(job):
+    device = _device(job.get("device"))
     if job.get("roof"):
         _emit(dict(record="roof", **roof.measure(quick=job.get("quick", False))))
+        if device:
+            _emit(dict(record="device_roof", device=device.name,
+                       **roof.device_copy(device, quick=job.get("quick", False))))
     empty = _allocator(job.get("touch", "serial"))
+    clock = device.elapsed if device else wall_clock
     triad = None
     if job.get("triad_in_rounds"):
         triad, triad_bytes = roof.triad_call(roof.triad_elements(job.get("quick", False)))
     for group in job["groups"]:
         kernel, dtype, sizes = group["kernel"], group["dtype"], group["sizes"]
         args = cases.inputs(kernel, sizes, dtype, empty=empty)
+        if device:
+            args = [to_device(device, a) for a in args]
         scalars = cases.scalars(kernel, sizes)
         calls, first = [], {}
         for lang, variant, *params in group["impls"]:
-            fn = cases.kernel_callable(kernel, variant, lang, dtype, *params)
-            calls.append(_call(fn, args, cases.outputs(fn, sizes), scalars, job.get("calls", "one")))
+            fn = cases.kernel_callable(kernel, variant, lang, dtype, *params, device=device)
+            calls.append(_call(fn, args, cases.outputs(fn, sizes, on_device=device is not None),
+                               scalars, job.get("calls", "one")))
             if lang == "compiled":  # its first call compiles: timed apart, out of the rounds
-                first[lang] = time_calls([calls[-1]], warmup=0, repeats=1)[0]["median_s"]
+                first[lang] = time_calls([calls[-1]], warmup=0, repeats=1, clock=clock)[0]["median_s"]
         timed = time_calls(calls + ([triad] if triad else []), job.get("warmup", 1),
-                           job.get("repeats", 5))
+                           job.get("repeats", 5), clock=clock)
         alongside = {}
         if triad:
             alongside = dict(triad_gbs_alongside=triad_bytes / timed.pop()["median_s"] / 1e9)
@@ -46,14 +59,17 @@ def run(job):
                           **({"compile_s": first[lang]} if lang in first else {}))
             _emit(dict(record="result", kernel=kernel, variant=variant if ours else None,
                        lang=lang, dtype=dtype, sizes=sizes, **stats,
-                       **(dict(_schedule(kernel, variant, *params), **alongside) if ours else
+                       **(dict(_schedule(kernel, variant, lang, *params), **alongside) if ours else
                           theirs)))
 
 
-def _schedule(kernel, variant, params=None):
-    """The schedule parameters a result ran with, and whether `moagen tune` chose them."""
+def _schedule(kernel, variant, lang, params=None):
+    """The schedule parameters a result ran with (its target's defaults, a GPU's for CUDA),
+    and whether `moagen tune` chose them."""
     from moagen.kernels import get_kernel
-    return dict(params=get_kernel(kernel).variant(variant).params(params), tuned=bool(params))
+    from moagen.targets import get_target
+    chosen = get_kernel(kernel).variant(variant).params(params, get_target(lang).kind)
+    return dict(params=chosen, tuned=bool(params))
 
 
 def _call(fn, args, out, scalars, calls):
@@ -69,6 +85,14 @@ def _call(fn, args, out, scalars, calls):
             fn(*(a[b:b + 1] for a in args), out=part[0] if len(part) == 1 else part or None,
                **scalars)
     return per_batch
+
+
+def _device(target):
+    """The device of a target (by name) whose kernels run on one, or None."""
+    if target is None:
+        return None
+    from moagen.targets import get_target
+    return get_target(target).device()
 
 
 def _allocator(touch):

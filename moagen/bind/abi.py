@@ -5,6 +5,10 @@
 A KernelCallable checks a call against the kernel's Signature before any pointer reaches
 native code: native code trusts shapes, dtype, layout and `restrict`, so a bad call must
 fail here with a message that names the argument, never later with wrong numbers.
+
+A kernel that runs on a device (CUDA) also takes device arrays, any object with
+`__cuda_array_interface__`, checked the same way (moagen.bind.cuda_arrays); all of one
+call's arrays are then on the device, and the outputs it allocates too.
 """
 import math
 from numbers import Real
@@ -14,16 +18,24 @@ import sympy
 
 from moagen.moa.expr import INDEX_NAMESPACE
 
+from .cuda_arrays import DeviceArray, DeviceView, device_view
+
 
 class KernelCallable:
-    def __init__(self, signature, native_call, validate=None):
+    def __init__(self, signature, native_call, validate=None, device=None):
         """native_call(*input arrays, *output arrays, *scratch arrays, *sizes as int, *scalars
-        as float) runs
-        the kernel; validate(sizes, scalars), both dicts by name, may add a kernel-specific
-        check that raises ValueError."""
+        as float) runs the kernel; validate(sizes, scalars), both dicts by name, may add a
+        kernel-specific check that raises ValueError. device: where the kernel runs, for a
+        kernel that runs on one (moagen.bind.cuda): it checks device arrays' pointers and
+        allocates their outputs, and every call's scratch; native_call then gets numpy
+        arrays or DeviceViews, never both in one call."""
         self.signature = signature
         self._native_call = native_call
         self._validate = validate
+        self.device = device
+        # a device kernel's scratch, kept from call to call: allocating and freeing GPU
+        # memory synchronizes the device, which a timed call would pay every time
+        self._device_scratch = {}
         self._dtype = np.dtype(signature.dtype)
         self._largest = float(np.finfo(self._dtype).max)  # a Python float: compares without a cast
         self._shape_of = {a.name: sympy.lambdify(signature.sizes, sympy.Tuple(*a.shape),
@@ -43,25 +55,30 @@ class KernelCallable:
     def __call__(self, *args, out=None, **kwargs):
         sig = self.signature
         values = self._bind(args, kwargs)
-        inputs = [values[p.name] for p in sig.inputs]
+        inputs = [self._array(f"argument {p.name!r}", p, values[p.name]) for p in sig.inputs]
+        on_device = self._same_side([(f"argument {p.name!r}", a) for p, a in zip(sig.inputs, inputs)])
         for k, (param, array) in enumerate(zip(sig.inputs, inputs)):
             self._check_array(f"argument {param.name!r}", param, array)
             if param.intent == "inout":
                 self._check_writable(f"argument {param.name!r}", array, inputs[:k] + inputs[k + 1:])
-        sizes = self._sizes(values)
+        sizes = self._sizes(dict(values, **{p.name: a for p, a in zip(sig.inputs, inputs)}))
         for param, array in zip(sig.inputs, inputs):
             self._check_shape(f"argument {param.name!r}", param, array, sizes)
+            self._check_memory(f"argument {param.name!r}", array)
         scalars = {name: self._scalar(name, values[name]) for name in sig.scalars}
         if self._validate is not None:
             self._validate(dict(sizes), dict(scalars))
-        outputs = self._outputs(out, sizes, inputs)
+        outputs = self._outputs(out, sizes, inputs, on_device)
         # the full-size temporaries of a variant that materializes them: allocated here, so
-        # that running out of memory is a MemoryError, not a crash in native code
-        scratch = [np.empty(self._expected(p, sizes), self._dtype) for p in sig.scratch]
+        # that running out of memory is a MemoryError, not a crash in native code; where
+        # the kernel runs, whatever side its arguments are on
+        scratch = [self._scratch(p, sizes) for p in sig.scratch]
         self._native_call(*inputs, *outputs, *scratch, *sizes.values(), *scalars.values())
         if not outputs:  # the kernel only updates its inout arguments
             return None
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        # the caller's own objects back (a torch tensor as given), not our views of them
+        returned = [a.obj if isinstance(a, DeviceView) else a for a in outputs]
+        return returned[0] if len(returned) == 1 else tuple(returned)
 
     def __repr__(self):
         outputs = ", ".join(p.name for p in self.signature.outputs)
@@ -84,12 +101,54 @@ class KernelCallable:
             raise ValueError(f"{name}: missing argument(s) {', '.join(missing)}; it takes ({params})")
         return values
 
+    def _array(self, what, param, array):
+        """A numpy array as it is, a device array as its DeviceView, anything else refused."""
+        where = f"{self.signature.name}: {what}"
+        if isinstance(array, np.ndarray):
+            return array
+        view = device_view(array, where)
+        if view is None:
+            wanted = "a numpy array or a device array" if self.device else "a numpy array"
+            raise ValueError(f"{where}: expected {wanted} of shape {_symbolic(param.shape)}, "
+                             f"got {type(array).__name__}")
+        if self.device is None:
+            raise ValueError(f"{where}: got a device array ({type(array).__name__}), but this "
+                             "kernel runs on the host: pass a numpy array")
+        return view
+
+    def _same_side(self, named):
+        """Whether the call's arrays are on the device; all must be on one side."""
+        sides = {isinstance(a, DeviceView) for _, a in named}
+        if len(sides) > 1:
+            host = next(w for w, a in named if not isinstance(a, DeviceView))
+            gpu = next(w for w, a in named if isinstance(a, DeviceView))
+            raise ValueError(f"{self.signature.name}: {gpu} is a device array but {host} is a "
+                             "numpy array: pass every array on the device, or every one on the host")
+        return sides == {True}
+
+    def _empty(self, shape, on_device):
+        order = "C" if self.signature.layout == "row" else "F"
+        if on_device:
+            return DeviceArray(self.device, shape, self._dtype, order)
+        return np.empty(shape, self._dtype, order=order)
+
+    def _scratch(self, param, sizes):
+        """A host kernel's scratch, new each call; a device kernel's, kept while its shape
+        stays the same."""
+        shape = self._expected(param, sizes)
+        if self.device is None:
+            return self._empty(shape, False)
+        kept = self._device_scratch.pop(param.name, None)
+        if kept is None or kept.shape != shape:
+            kept = None  # the old memory is freed before the new is allocated
+            kept = self._empty(shape, True)
+        self._device_scratch[param.name] = kept
+        return kept
+
     def _check_array(self, what, param, array):
-        """Type, rank, dtype, layout: what makes the raw pointer mean what the kernel thinks."""
+        """Rank, dtype, layout: what makes the raw pointer mean what the kernel thinks."""
         sig = self.signature
         where, shape = f"{sig.name}: {what}", _symbolic(param.shape)
-        if not isinstance(array, np.ndarray):
-            raise ValueError(f"{where}: expected a numpy array of shape {shape}, got {type(array).__name__}")
         if array.ndim != len(param.shape):
             raise ValueError(f"{where}: expected {len(param.shape)} dimensions {shape}, got shape {array.shape}")
         if array.dtype != self._dtype:
@@ -144,31 +203,42 @@ class KernelCallable:
             raise ValueError(f"{where}: expected a finite {self._dtype} number, got {value}")
         return float(value)
 
-    def _outputs(self, out, sizes, inputs):
-        """The caller's `out` arrays after checking them, or new ones."""
+    def _outputs(self, out, sizes, inputs, on_device):
+        """The caller's `out` arrays after checking them (as DeviceViews where they are
+        device arrays), or new ones on the inputs' side."""
         params = self.signature.outputs
         if out is None:
-            order = "C" if self.signature.layout == "row" else "F"
-            return [np.empty(self._expected(p, sizes), self._dtype, order=order) for p in params]
+            return [self._empty(self._expected(p, sizes), on_device) for p in params]
         if len(params) == 1:
             out = (out,)
         elif not isinstance(out, (tuple, list)) or len(out) != len(params):
             names = ", ".join(p.name for p in params)
             raise ValueError(f"{self.signature.name}: out must be a tuple of {len(params)} arrays "
                              f"({names}), got {type(out).__name__}")
+        out = [self._array(f"out {p.name!r}", p, a) for p, a in zip(params, out)]
+        self._same_side([(f"out {p.name!r}", a) for p, a in zip(params, out)]
+                        + [(f"argument {p.name!r}", a) for p, a in zip(self.signature.inputs, inputs)])
         for i, (param, array) in enumerate(zip(params, out)):
             what = f"out {param.name!r}"
             self._check_array(what, param, array)
             self._check_shape(what, param, array, sizes)
+            self._check_memory(what, array)
             self._check_writable(what, array, [*inputs, *out[:i]])
         return list(out)
+
+    def _check_memory(self, what, array):
+        """A device array's bytes, as its checked shape and dtype count them, must be the
+        device's memory: the device says (a host pointer would fault in the kernel)."""
+        if isinstance(array, DeviceView):
+            self.device.check(array, f"{self.signature.name}: {what}")
 
     def _check_writable(self, what, array, others):
         if not array.flags.writeable:
             raise ValueError(f"{self.signature.name}: {what} is read-only")
         # The kernel's pointers are restrict: what it writes may alias nothing else.
         for other in others:
-            if np.may_share_memory(array, other):
+            if (array.overlaps(other) if isinstance(array, DeviceView)
+                    else np.may_share_memory(array, other)):
                 raise ValueError(f"{self.signature.name}: {what} shares memory with another argument")
 
 

@@ -1,40 +1,60 @@
-"""Run CUDA kernels: the nvcc-built library's host launchers take device pointers; pycuda
-moves the arrays. pycuda is imported when a library is loaded, never at module import, so
-everything else works on machines without it."""
+"""Run CUDA kernels: the nvcc-built library's host launchers take device pointers, a device
+(cuda_driver.Driver, through cuda-python) holds the memory. A kernel takes numpy arrays,
+copied to the GPU and the results back, or device arrays (anything with
+`__cuda_array_interface__`: a CUDA torch tensor, a cupy array, a DeviceArray), used where
+they are with no copy; its outputs are then DeviceArrays, unless `out` names the caller's.
+The emulation (cuda_emulated) binds its host-built launchers through the same code."""
 from pathlib import Path
 
 import cffi
 
-from ..errors import DeviceUnavailable
 from .abi import KernelCallable, flat_view
 from .c import CTYPES, declaration, dlopen
+from .cuda_arrays import DeviceArray, DeviceView, to_device
+from .cuda_driver import device
 
 
 def load(path):
     """The library bind() takes (its path), once a device is known to be there."""
-    _gpuarray()
+    device()
     return Path(path)
 
 
 def bind(library, signature, validate=None):
-    gpuarray = _gpuarray()
+    return bind_on(device(), library, signature, validate)
+
+
+def bind_on(gpu, library, signature, validate=None):
+    """The kernel of `library` (a path) whose launcher `signature` describes, run on `gpu`."""
     ffi = cffi.FFI()
     ffi.cdef(declaration(signature, result="int"))
     launcher = getattr(dlopen(ffi, library), signature.name)
     pointer_type = CTYPES[signature.dtype] + " *"
-    n_inputs, n_arrays = len(signature.inputs), len(signature.arrays)
+    n_arrays = len(signature.arrays)
+    intents = [a.intent for a in signature.arrays]
 
     def native_call(*args):
-        host = [flat_view(a) for a in args[:n_arrays]]
-        device = [gpuarray.to_gpu(a) for a in host[:n_inputs]]
-        device += [gpuarray.empty(a.shape, a.dtype) for a in host[n_inputs:]]
-        code = launcher(*(ffi.cast(pointer_type, int(d.gpudata)) for d in device), *args[n_arrays:])
-        check_launch(signature.name, code)
-        written = [k for k, a in enumerate(signature.arrays) if a.intent in ("inout", "out")]
-        for k in written:
-            device[k].get(ary=host[k])  # into the caller's memory; scratch stays on the device
+        gpu.activate()
+        arrays = [_on_device(gpu, a, intent) for a, intent in zip(args[:n_arrays], intents)]
+        for array in arrays:
+            gpu.wait_for(array.stream)
+        check_launch(signature.name, launcher(*(ffi.cast(pointer_type, a.ptr) for a in arrays),
+                                              *args[n_arrays:]))
+        for host, array, intent in zip(args, arrays, intents):  # numpy arrays' results back
+            if intent in ("inout", "out") and not isinstance(host, DeviceView):
+                gpu.copy_out(flat_view(host), array)
 
-    return KernelCallable(signature, native_call, validate)
+    return KernelCallable(signature, native_call, validate, device=gpu)
+
+
+def _on_device(gpu, array, intent):
+    """A device array as it is; a numpy array's copy on the device (for what the kernel
+    reads), or memory of its size (for what it only writes)."""
+    if isinstance(array, DeviceView):
+        return array
+    if intent in ("in", "inout"):
+        return to_device(gpu, flat_view(array))
+    return DeviceArray(gpu, (array.size,), array.dtype)
 
 
 def check_launch(name, code):
@@ -44,28 +64,10 @@ def check_launch(name, code):
 
 
 def available() -> bool:
-    """Whether CUDA kernels can run here (pycuda imports and a GPU answers)."""
+    """Whether CUDA kernels can run here (cuda-python imports and a GPU answers)."""
+    from ..errors import DeviceUnavailable
     try:
-        _gpuarray()
+        device()
     except DeviceUnavailable:
         return False
     return True
-
-
-def _gpuarray():
-    """pycuda.gpuarray on the device's primary context, which the launchers' runtime API
-    calls use too; DeviceUnavailable when there is no pycuda or no GPU."""
-    try:
-        import pycuda.driver as driver
-    except ImportError as error:
-        raise DeviceUnavailable(f"CUDA kernels need pycuda, which cannot be imported ({error}); "
-                                "install it on a machine with a CUDA driver: pip install pycuda") from error
-    try:
-        driver.init()
-        if driver.Device.count() == 0:
-            raise DeviceUnavailable("no CUDA device found")
-        import pycuda.autoprimaryctx  # noqa: F401  (makes the primary context current)
-        import pycuda.gpuarray
-    except driver.Error as error:
-        raise DeviceUnavailable(f"no usable CUDA device: {error}") from error
-    return pycuda.gpuarray

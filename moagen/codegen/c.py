@@ -38,6 +38,7 @@ class CPrinter(Printer):
     index_printer = IndexPrinter()
     restrict = "restrict"
     simd_directives = True
+    helper_directive = ""  # a line before each inline helper (where a device calls them)
 
     def __init__(self, onf, dtype):
         super().__init__(onf, dtype)
@@ -62,8 +63,13 @@ class CPrinter(Printer):
         body = []
         for nest in self.onf.nests:
             body += [self.indent + line for line in self.comment(self.nest_comment(nest))]
-            body += self.block(nest.body, 1)
-        return [{"name": self.sig.name, "params": self.params(), "body": body}]
+            body += self.nest_block(nest, 1)
+        return [{"name": self.sig.name, "params": self.params(),
+                 "body": self.function_body(body)}]
+
+    def function_body(self, lines):
+        """The kernel function's statements (a target may wrap them in a data region)."""
+        return lines
 
     def comment(self, lines):
         return ["/* " + lines[0]] + [" * " + line for line in lines[1:]] + [" */"]
@@ -74,8 +80,7 @@ class CPrinter(Printer):
         v = loop.var
         head = (f"for (int64_t {v} = {self.index(loop.start)}; {v} < {self.index(loop.stop)}; "
                 f"++{v}) {{")
-        pragma = ([f"{pad}#pragma omp parallel for collapse({loop.parallel}) "
-                   f"schedule({omp_schedule(loop)})"] if loop.parallel else [])
+        pragma = [pad + line for line in self.parallel_directives(loop)] if loop.parallel else []
         if loop.simd and self.simd_directives:
             pragma.append(f"{pad}#pragma omp simd{simd_clauses(loop)}")
         if loop.vector_tile and self.simd_directives:
@@ -86,6 +91,10 @@ class CPrinter(Printer):
             # `novector`); the statements inside are still vectorized
             pragma.append(f"{pad}#pragma omp simd if(simd: 0)")
         return pragma + [pad + head] + self.loop_body(loop, depth + 1) + [pad + "}"]
+
+    def parallel_directives(self, loop):
+        """The lines before a parallel loop chain's first loop."""
+        return [f"#pragma omp parallel for collapse({loop.parallel}) schedule({omp_schedule(loop)})"]
 
     def let(self, name, value, mutable):
         return f"{'' if mutable else 'const '}{self.real} {name} = {value};"
@@ -154,6 +163,7 @@ def emit_c(onfs_by_dtype, banner, printer=CPrinter):
     dnf = dnf_comment([onf for _, onf in onfs_by_dtype])
     return render("c/kernel.c.j2", banner=banner, dnf=printers[0].comment(dnf),
                   functions=functions, vector_exp=vector_exp,
+                  helper_directive=printer.helper_directive,
                   max_helpers=[INLINE_MAX.format(real=real, fn=fn, op=">" if fn == "max" else "<")
                                for real, fn in helpers])
 

@@ -27,6 +27,8 @@ class IndexPrinter(FCodePrinter):
 class FortranPrinter(Printer):
     indent = "  "
     index_printer = IndexPrinter()
+    simd_directives = True
+    atomic_directive = "!$omp atomic"
 
     def __init__(self, onf, dtype):
         super().__init__(onf, dtype)
@@ -42,7 +44,8 @@ class FortranPrinter(Printer):
         body = []
         for nest in self.onf.nests:
             body += [self.indent * 2 + "! " + line for line in self.nest_comment(nest)]
-            body += self.block(nest.body, 2)
+            body += self.nest_block(nest, 2)
+        body = self.function_body(body)
         sig = self.sig
         arrays = []
         for a in sig.arrays:
@@ -66,6 +69,10 @@ class FortranPrinter(Printer):
             "body": body,
         }
 
+    def function_body(self, lines):
+        """The subroutine's statements (a target may wrap them in a data region)."""
+        return lines
+
     def quotients_in(self, stmts):
         """The indices hoisted before the vectorized loops in stmts (Printer.hoisted)."""
         return [name for s in walk(stmts) for name in self.quotients.get(id(s), {}).values()]
@@ -76,18 +83,26 @@ class FortranPrinter(Printer):
         head = f"do {loop.var} = {self.index(loop.start)}, {self.index(loop.stop - 1)}"
         # a register tile's body is the vector code: gfortran must not re-vectorize the loop
         mark = [pad + "!GCC$ novector"] if loop.vector_tile else []
-        if loop.simd:
+        if loop.simd and self.simd_directives:
             mark.append(f"{pad}!$omp simd{simd_clauses(loop)}")
         if not loop.parallel:
             return mark + [pad + head] + self.loop_body(loop, depth + 1) + [pad + "end do"]
-        inner = parallel_chain(loop)[-1]
-        private = (self.loop_vars_in(inner.body) + self.quotients_in(inner.body)
-                   + self.offsets_in((inner,)) + self.locals_in(inner.body))
+        before, after = self.parallel_directives(loop)
+        return ([pad + line for line in before] + [pad + head] + self.loop_body(loop, depth + 1)
+                + [pad + "end do"] + [pad + line for line in after])
+
+    def parallel_directives(self, loop):
+        """The lines before a parallel loop chain's first loop, and after it."""
+        private = self.private_names(loop)
         clause = f" private({', '.join(private)})" if private else ""
-        return ([f"{pad}!$omp parallel do collapse({loop.parallel}) "
-                 f"schedule({omp_schedule(loop)}){clause}",
-                 pad + head] + self.loop_body(loop, depth + 1)
-                + [pad + "end do", f"{pad}!$omp end parallel do"])
+        return ([f"!$omp parallel do collapse({loop.parallel}) schedule({omp_schedule(loop)})"
+                 f"{clause}"], ["!$omp end parallel do"])
+
+    def private_names(self, loop):
+        """What each iteration of a parallel chain assigns: its own copy in each thread."""
+        inner = parallel_chain(loop)[-1]
+        return (self.loop_vars_in(inner.body) + self.quotients_in(inner.body)
+                + self.offsets_in((inner,)) + self.locals_in(inner.body))
 
     def let(self, name, value, mutable):
         return f"{name} = {value}"
@@ -107,7 +122,7 @@ class FortranPrinter(Printer):
         if accumulate is None:
             return [f"{target} = {value}"]
         if accumulate == "+":
-            return (["!$omp atomic"] if atomic else []) + [f"{target} = {target} + {value}"]
+            return ([self.atomic_directive] if atomic else []) + [f"{target} = {target} + {value}"]
         if atomic:
             raise ScheduleError(f"atomic {accumulate} updates are not supported")
         return [f"{target} = {self.call(accumulate, target, value)}"]
@@ -149,15 +164,15 @@ def _check_case_insensitive(onf, printer):
                             f"which ignores case; rename one in the spec")
 
 
-def _wrap(line):
-    """Split a long statement or OpenMP directive with `&` continuations at spaces, every
-    continuation indented as the first line plus four."""
+def wrap_statement(line):
+    """Split a long statement or OpenMP / OpenACC directive with `&` continuations at
+    spaces, every continuation indented as the first line plus four."""
     stripped = line.lstrip()
-    directive = stripped.startswith("!$omp")
-    if len(line) <= LINE or (stripped.startswith("!") and not directive):
+    sentinel = stripped[:5] if stripped[:5] in ("!$omp", "!$acc") else None
+    if len(line) <= LINE or (stripped.startswith("!") and not sentinel):
         return [line]
     indent = " " * (len(line) - len(stripped))
-    prefix = indent + ("!$omp& " if directive else "    & ")
+    prefix = indent + (f"{sentinel}& " if sentinel else "    & ")
     lines = []
     while len(line) > LINE:
         cut = line.rfind(" ", len(prefix) + 1, LINE - 2)
@@ -168,10 +183,10 @@ def _wrap(line):
     return lines + [line]
 
 
-def emit_fortran(onfs_by_dtype, banner, module):
-    subs = [FortranPrinter(onf, dtype).subroutine() for dtype, onf in onfs_by_dtype]
+def emit_fortran(onfs_by_dtype, banner, module, printer=FortranPrinter):
+    subs = [printer(onf, dtype).subroutine() for dtype, onf in onfs_by_dtype]
     kinds = sorted({s["kind"] for s in subs})
     dnf = dnf_comment([onf for _, onf in onfs_by_dtype])
     text = render("fortran/module.f90.j2", banner=banner, dnf=dnf, module=module, subroutines=subs,
                   kinds=kinds, neg_inf=any(s["neg_inf"] for s in subs))
-    return "".join(w + "\n" for line in text.splitlines() for w in _wrap(line))
+    return "".join(w + "\n" for line in text.splitlines() for w in wrap_statement(line))

@@ -108,6 +108,11 @@ class Printer:
         self.hoisted_names = outer
         return lines
 
+    def nest_block(self, nest, depth) -> list:
+        """A nest's statements (a target may put a nest that runs no parallel loop in a
+        region of its own)."""
+        return self.block(nest.body, depth)
+
     def loop(self, loop: Loop, depth) -> list:
         raise NotImplementedError
 
@@ -360,6 +365,12 @@ class _Caseless:
 
     def __contains__(self, name):
         return name.lower() in self.lowered
+
+
+def arrays_in(stmts) -> list:
+    """The arrays the statements read or write, in order of first access."""
+    return list(dict.fromkeys(a for s in walk(stmts) if not isinstance(s, Loop)
+                              for a, _ in _accesses(s)))
 
 
 def _accesses(st):

@@ -29,6 +29,16 @@ def add_parser(sub):
                    help="compile the CUDA kernels (sm_80, sm_90): registers, shared memory, "
                         "spills and SASS atomics next to the ONF's atomic updates")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--ranks", metavar="P,P,...",
+                   help="a distributed kernel (moagen.ranks) on P ranks: time, bytes and memory "
+                        "per rank from the -D sizes of the whole problem (moagen.cost.ranks)")
+    p.add_argument("--rate", type=float, metavar="FLOP/S",
+                   help="with --ranks: one rank's rate (default: measured here)")
+    p.add_argument("--bandwidth", type=float, default=25e9, metavar="BYTES/S",
+                   help="with --ranks: a link's bandwidth (default: %(default)g)")
+    p.add_argument("--latency", type=float, default=2e-6, metavar="S",
+                   help="with --ranks: a message's latency (default: %(default)g)")
+    p.add_argument("--plot", metavar="PNG", help="with --ranks: time and memory per rank, plotted")
     p.set_defaults(run=run)
 
 
@@ -38,6 +48,8 @@ def run(args):
     from moagen.cost.model import predict
     from moagen.kernels import get_kernel
 
+    if args.ranks:
+        return _over_ranks(args)
     kernel = get_kernel(args.kernel)
     costs = [predict(kernel.name, kernel.variant(v).name, args.dtype)
              for v in (args.variant or kernel.variants)]
@@ -68,6 +80,34 @@ def run(args):
     for variant, reports in cuda.items():
         print(f"{costs[0].kernel}, variant {variant}: CUDA kernels ({args.dtype})")
         print(report.format_cuda(reports))
+
+
+def _over_ranks(args):
+    from dataclasses import asdict
+
+    from moagen.cost import ranks as model
+    _, counts = _assignment(f"ranks={args.ranks}", many=True)
+    sizes = dict(_assignment(d) for d in args.define)
+    rate, measured_at = args.rate, None
+    if rate is None:
+        rate, measured_at = model.measured_rate(args.kernel, sizes, args.dtype)
+    costs = [model.rank_cost(args.kernel, sizes, p, rate, args.bandwidth, args.latency, args.dtype)
+             for p in counts]
+    threshold = (model.hiding_block(args.kernel, sizes, rate, args.bandwidth, args.latency,
+                                    args.dtype)
+                 if model.get_rank_kernel(args.kernel).pattern != "gather" else None)
+    if args.json:
+        print(json.dumps({"rate": rate, "rate_measured_at": measured_at,
+                          "bandwidth": args.bandwidth, "latency": args.latency,
+                          "hiding_block": threshold,
+                          "costs": [dict(asdict(c), hidden=c.hidden) for c in costs]}, indent=1))
+    else:
+        if measured_at:
+            print(f"R measured here (one process, {args.dtype}) at "
+                  f"{' '.join(f'{k}={v}' for k, v in measured_at.items())}")
+        print(model.format_table(costs, rate, args.bandwidth, args.latency, threshold))
+    if args.plot:
+        print(f"wrote {model.plot(costs, args.plot)}", file=sys.stderr)
 
 
 def _measured(costs, points, envs, dtype, cache):

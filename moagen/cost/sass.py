@@ -51,7 +51,7 @@ def inspect(kernel: str, variant: str = None, dtype: str = "float64",
     reports = []
     for arch in archs:
         result = build.compile_cuda(source, stem(kernel, onf.variant), arch)
-        ptxas = _ptxas(result.ptxas_report)
+        ptxas = ptxas_resources(result.ptxas_report)
         atomics = _sass_atomics(result.cubin)
         for name, nest in zip(names, onf.nests):
             if name not in ptxas or name not in atomics:
@@ -62,7 +62,7 @@ def inspect(kernel: str, variant: str = None, dtype: str = "float64",
     return reports
 
 
-def _ptxas(report: str) -> Dict[str, dict]:
+def ptxas_resources(report: str) -> Dict[str, dict]:
     """ptxas -v's resources per entry function, by unmangled name."""
     out = {}
     for part in re.split(r"Compiling entry function '", report)[1:]:
@@ -78,15 +78,20 @@ def _ptxas(report: str) -> Dict[str, dict]:
 
 def _sass_atomics(cubin: Path) -> Dict[str, int]:
     """Atomic instructions per function in the cubin's SASS."""
-    tool, env = _cuobjdump()
+    return {name: len(ATOMIC.findall(body)) for name, body in sass_by_function(cubin).items()}
+
+
+def sass_by_function(cubin: Path) -> Dict[str, str]:
+    """The cubin's SASS, per function (by unmangled name)."""
+    tool, env = cuobjdump()
     done = subprocess.run([tool, "-sass", str(cubin)], env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise MoagenError(f"cuobjdump -sass {cubin} failed:\n{done.stderr}")
     parts = re.split(r"Function : (\S+)", done.stdout)[1:]
-    return {_unmangle(name): len(ATOMIC.findall(body)) for name, body in zip(parts[::2], parts[1::2])}
+    return {_unmangle(name): body for name, body in zip(parts[::2], parts[1::2])}
 
 
-def _cuobjdump():
+def cuobjdump():
     """cuobjdump, with nvdisasm (which it runs) on its PATH: the pip packages' or the
     CUDA toolkit's."""
     pip_bin = Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cu13" / "bin"

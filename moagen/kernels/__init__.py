@@ -17,7 +17,7 @@ from moagen.kernels import (attention, attention_bwd, attention_decode, attentio
                             kv_append, mlp, projections, rmsnorm)
 from moagen.kernels.cases import Bench, Check
 from moagen.kernels.compose import Composite, compose
-from moagen.kernels.layers import Layers, cpu
+from moagen.kernels.layers import DEFAULTS_OF, Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.spec import KernelSpec
 
@@ -32,6 +32,7 @@ class Variant:
     space: Mapping[str, Tuple[int, ...]] = field(default_factory=dict)
 
     def defaults_for(self, target: str = "cpu") -> Dict[str, int]:
+        target = DEFAULTS_OF.get(target, target)
         if target not in self.defaults and self.defaults:
             raise UnknownNameError(f"variant {self.name} has no defaults for target {target!r}; "
                                    f"it has {', '.join(self.defaults)}")
@@ -158,7 +159,14 @@ KERNELS = {k.name: k for module in MODULES
            for k in (_kernel(module, *entry) for entry in module.KERNELS)}
 
 
+# the name a derived backward has, <forward>_vjp (moagen.moa.grad), for the kernels that are
+# one: the same kernel as its own name
+ALIASES = {alias: name for module in MODULES
+           for alias, name in getattr(module, "ALIASES", {}).items()}
+
+
 def get_kernel(name: str):
+    name = ALIASES.get(name, name)
     if name not in KERNELS:
         raise UnknownNameError(f"unknown kernel {name!r}; known kernels: {', '.join(KERNELS)}")
     return KERNELS[name]

@@ -1,20 +1,25 @@
 """Attention backward, given Q, K, V, the forward's output O and per-row logsumexp lse, and
-the output gradient dO (per batch and head; optionally causal):
+the output gradient dO (per batch and head; optionally causal), derived from the forward
+spec by moagen.moa.grad and its rewrites (not written by hand):
 
     P  = exp(scale * Q K^T - lse)          the softmax, recomputed from lse
     dV = P^T dO
     dP = dO V^T
-    dS = P * (dP - delta),  delta = rowsum(dO * O)  (== rowsum(dP * P))
-    dQ = scale * dS K,      dK = scale * dS^T Q
+    dS = scale * P * (dP - delta),  delta = rowsum(dO * O)  (== rowsum(dP * P))
+    dQ = dS K,      dK = dS^T Q
+
+Its intermediates P (the forward's probs) and dS (the cotangent of the scores, scale
+included) are named as the variants materialize them.
 """
 from moagen import reference
-from moagen.kernels.attention import K, Q, V, causal_mask
-from moagen.kernels.attention import (CHECK_SIZES, ON_HEADS, K, Q, V, causal_mask,
-                                      softmax_scale)
+from moagen.kernels import attention
+from moagen.kernels.attention import CHECK_SIZES, ON_HEADS, K, Q, V, softmax_scale
 from moagen.kernels.cases import Check, references
 from moagen.kernels.layers import Layers, cpu
-from moagen.moa.expr import Scalar, array, exp, inner, lift, named, omega, psi, reduce, transpose
-from moagen.moa.spec import KernelSpec, Output
+from moagen.moa.expr import array, psi
+from moagen.moa.grad import grad
+from moagen.moa.rewrites import substitute
+from moagen.moa.spec import KernelSpec
 from moagen.onf.fusion import FuseNests, Scatter
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
 
@@ -22,37 +27,35 @@ O = array("O", "batch", "heads", "n", "d")
 DO = array("dO", "batch", "heads", "n", "d")
 LSE = array("lse", "batch", "heads", "n")
 BH, EXTENTS = ("b", "h"), ("batch", "heads")
+QUERY_ROWS, KEY_ROWS = ("b", "h", "i"), ("b", "h", "j")
+WRT = {"Q": QUERY_ROWS + ("c",), "K": KEY_ROWS + ("c",), "V": KEY_ROWS + ("c",)}
+INPUTS = (Q, K, V, O, DO, LSE)
+
+
+# how the backward is derived (moagen.moa.grad; `moagen grad attention_fwd`): dO given for
+# O, lse kept; the inputs in the order of the kernels' callers
+VJP = {forward: dict(wrt=WRT, cotangents=("O",), order=tuple(a.name for a in INPUTS),
+                     labels={"probs": "P", "dscores": "dS"})
+       for forward in ("attention_fwd", "attention_fwd_causal")}
+
+
+def spec(causal: bool, name=None) -> KernelSpec:
+    """The vector-Jacobian product of attention_fwd[_causal]."""
+    name = name or ("attention_bwd_causal" if causal else "attention_bwd")
+    forward = attention.spec(causal)
+    return grad(forward, name=name, **VJP[forward.name])
 
 
 def gradients(q, k, v, o, do, lse, causal):
-    """dQ, dK, dV of one head as MoA expressions."""
-    scores = Scalar("scale") * inner(q, transpose(k), var="c", name="qk")
-    probs = named("P", exp(omega("-", causal_mask(scores) if causal else scores, lse)),
-                  index=("i", "j"))
-    dprobs = inner(do, transpose(v), var="c", name="dov")
-    delta = named("delta", reduce("+", do * o, axis=1, var="c", name="rowdot"), index=("i",))
-    dscores = named("dS", Scalar("scale") * (probs * omega("-", dprobs, delta)), index=("i", "j"))
-    return (inner(dscores, k, var="j", name="acc"),
-            inner(transpose(dscores), q, var="i", name="acc"),
-            inner(transpose(probs), do, var="i", name="acc"))
-
-
-def spec(causal: bool) -> KernelSpec:
-    heads = [psi(BH, a) for a in (Q, K, V, O, DO, LSE)]
-    dq, dk, dv = gradients(*heads, causal)
-    return KernelSpec(
-        name="attention_bwd_causal" if causal else "attention_bwd",
-        inputs=(Q, K, V, O, DO, LSE),
-        scalars=("scale",),
-        outputs=(Output("dQ", lift(BH, EXTENTS, dq), ("b", "h", "i", "c")),
-                 Output("dK", lift(BH, EXTENTS, dk), ("b", "h", "j", "c")),
-                 Output("dV", lift(BH, EXTENTS, dv), ("b", "h", "j", "c"))),
-    )
+    """dQ, dK, dV of one head as MoA expressions: the derived backward's, with the head's
+    Q, K, V, O, dO and lse read from these expressions (the fused kernel's O and lse are
+    its own intermediates)."""
+    given = {psi(BH, a): e for a, e in zip(INPUTS, (q, k, v, o, do, lse))}
+    return tuple(substitute(out.value.body, given) for out in spec(causal).outputs)
 
 
 # dQ rows belong to query rows, dK and dV rows to key rows: each nest is parallel over the
 # rows it owns, so no thread writes another's output and no atomics are needed
-QUERY_ROWS, KEY_ROWS = ("b", "h", "i"), ("b", "h", "j")
 OWNERS = (Parallel(QUERY_ROWS, nest="dQ"), Parallel(KEY_ROWS, nest="dK"),
           Parallel(KEY_ROWS, nest="dV"))
 SPREAD = (Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="dK"),
@@ -77,6 +80,9 @@ VARIANTS = {
 }
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]
+# the names a derived backward has (moagen.kernels.ALIASES)
+ALIASES = {"attention_fwd_vjp": "attention_bwd",
+           "attention_fwd_causal_vjp": "attention_bwd_causal"}
 
 
 def _forward_of(causal):
@@ -89,11 +95,12 @@ def _forward_of(causal):
 
 
 # what verification and the benchmarks run these kernels on (moagen.kernels.cases)
+CASES = (("attention_bwd", False), ("attention_bwd_causal", True))
 CHECKS = {name: Check(references(reference.attention_bwd_numpy, reference.attention_bwd_torch,
                                  causal=causal), CHECK_SIZES, softmax_scale,
                       inputs=_forward_of(causal))
-          for name, causal in (("attention_bwd", False), ("attention_bwd_causal", True))}
+          for name, causal in CASES}
 BENCH = {name: ON_HEADS.measured_against(
              "sdpa_bwd", "dQ, dK, dV by autograd of F.scaled_dot_product_attention, the "
                          "forward recomputed (O, lse unused)", causal=causal)
-         for name, causal in (("attention_bwd", False), ("attention_bwd_causal", True))}
+         for name, causal in CASES}

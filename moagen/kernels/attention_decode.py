@@ -7,7 +7,6 @@ kv_heads = 1. The query is the newest position, so it sees every valid row: deco
 causal by construction.
 """
 from moagen import reference
-from moagen.kernels.attention import KEY_BLOCK
 from moagen.kernels.attention import KEY_BLOCK, softmax_scale
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
@@ -15,6 +14,7 @@ from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, idiv, inner, lift, log, psi, reduce, sym, take)
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests
+from moagen.onf.gpu_blocks import GpuBlocks
 from moagen.onf.online import OnlineSoftmax
 from moagen.onf.reductions import LowerReductions
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
@@ -30,15 +30,21 @@ V_CACHE = array("V", "batch", "kv_heads", "cap", "d")
 GROUP = idiv(sym("q_heads"), sym("kv_heads"))  # query heads per KV head
 
 
+def softmax_weighted(scores, values, var="j"):
+    """softmax(scores) . values and the scores' logsumexp, the softmax made stable by the
+    maximum. Decode's scores are q . K; the merge of partial results over ranks
+    (moagen.ranks.merge) is the same with each part's logsumexp as its score."""
+    row_max = reduce("max", scores, axis=0, var=var, name="row_max")
+    weights = exp(scores - row_max)
+    row_sum = reduce("+", weights, axis=0, var=var, name="row_sum")
+    return inner(weights / row_sum, values, var=var, name="acc"), row_max + log(row_sum)
+
+
 def _one_head(b, h):
     kv_head = idiv(h, GROUP)
     q = psi((b, h), Q)
     keys, values = (take("n", psi((b, kv_head), cache)) for cache in (K_CACHE, V_CACHE))
-    scores = Scalar("scale") * inner(keys, q, var="c", name="qk")
-    row_max = reduce("max", scores, axis=0, var="j", name="row_max")
-    weights = exp(scores - row_max)
-    row_sum = reduce("+", weights, axis=0, var="j", name="row_sum")
-    return inner(weights / row_sum, values, var="j", name="acc"), row_max + log(row_sum)
+    return softmax_weighted(Scalar("scale") * inner(keys, q, var="c", name="qk"), values)
 
 
 _O, _LSE = _one_head(sym("b"), sym("h"))
@@ -66,6 +72,7 @@ def validate(sizes, scalars):
 
 HEADS = ("b", "h")
 KEY_SPLITS = 16  # slices of the cache per query row: enough for every core of a node
+HEAD_THREADS = 128  # a block's threads on a GPU: a feature each at d = 128
 ROW = (Accumulate("c", over="j", nest="O"), FuseNests(("O", "lse"), over=HEADS, name="heads"),
        Hoist())
 
@@ -83,12 +90,18 @@ def _online(heads, keys):
 
 
 def _split(heads):
-    """The valid rows cut into slices run in parallel, merged by their logsumexp."""
+    """The valid rows cut into slices run in parallel, merged by their logsumexp. On a GPU
+    (flash-decoding's split) a thread block per slice of a query head, and one per query
+    head to merge them, their threads sharing the head dimension: a block's dot products
+    are block-wide reductions, its output row a feature a thread."""
     split = SplitKeys("heads", over=HEADS, var="j", splits=KEY_SPLITS)
+    slices = ("b", tiled("h", heads), split.slices)
     return Layers(algorithm=ROW + (OnlineSoftmax("heads"), split, LowerReductions()),
                   schedule=rows_together(split.partial, "h", heads),
-                  mapping=cpu(Parallel(("b", tiled("h", heads), split.slices), nest=split.partial),
-                              Parallel(HEADS, nest=split.merge)))
+                  mapping={"cpu": (Parallel(slices, nest=split.partial),
+                                   Parallel(HEADS, nest=split.merge)),
+                           "cuda": (GpuBlocks(slices, nest=split.partial, block=HEAD_THREADS),
+                                    GpuBlocks(HEADS, nest=split.merge, block=HEAD_THREADS))})
 
 
 HEAD_SPACE = {"heads": (1, 2, 4, 8)}
@@ -98,7 +111,9 @@ VARIANTS = {
     # the CPU's keys 1: what `moagen tune` chose on the development machines (float32, n 65536)
     "online": Tunable(frozenset(), _online, defaults={"heads": 4, "keys": 1},
                       space={**HEAD_SPACE, "keys": (1, 2, 4)}, cuda={"keys": 2}),
-    "split": Tunable(frozenset(), _split, defaults={"heads": 4}, space=HEAD_SPACE),
+    # a GPU's block takes one query head's slice: its threads are the head's features
+    "split": Tunable(frozenset(), _split, defaults={"heads": 4}, space=HEAD_SPACE,
+                     cuda={"heads": 1}),
 }
 
 KERNELS = [(SPEC, VARIANTS, validate)]

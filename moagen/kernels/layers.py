@@ -5,8 +5,9 @@
   fusion and hoisting that put a row's max, sum and weighted sum in one nest);
 - schedule: loop transformations only (tiling, unrolling, interchange, fusion);
 - mapping, per target kind: where the loops run (the CPU: OpenMP parallel loops; CUDA:
-  GPU threads). A kind without a mapping of its own gets one derived from the CPU's: each
-  parallel loop chain one GPU thread per iteration.
+  GPU threads; OpenACC: gang vector loops, a vector lane per iteration, as many a gang as a
+  CUDA block holds threads). A kind without a mapping of its own gets one derived from the
+  CPU's: each parallel loop chain one GPU thread per iteration.
 
 The layers are applied in that order; each refuses a step of a layer after its own."""
 from dataclasses import dataclass, field
@@ -18,12 +19,16 @@ from moagen.onf.schedule import GpuThreads
 
 
 def gpu_threads(cpu: Tuple) -> Tuple:
-    """The CUDA mapping derived from a CPU one: each Parallel chain as GPU threads."""
+    """The GPU mapping (CUDA, OpenACC) derived from a CPU one: each Parallel chain as GPU
+    threads."""
     return tuple(GpuThreads(step.vars, nest=step.nest) for step in cpu)
 
 
 # how a target kind's mapping is derived from the CPU's when a variant gives none
-DERIVED_MAPPINGS = {"cuda": gpu_threads}
+DERIVED_MAPPINGS = {"cuda": gpu_threads, "openacc": gpu_threads}
+# a kind whose schedule parameters are another's: an OpenACC vector lane runs what a CUDA
+# thread runs
+DEFAULTS_OF = {"openacc": "cuda"}
 
 _ALLOWED = {"algorithm": ("algorithm", "schedule"), "schedule": ("schedule",),
             "mapping": ("mapping",)}

@@ -2,7 +2,8 @@
 
     U = X Wg,  V = X Wu,  H = silu(U) * V,  F = H Wd
 
-The forward keeps only U for the backward, which recomputes V and H from X and U:
+The forward keeps only U for the backward, which recomputes V and H from X and U (derived
+from the forward's spec by moagen.moa.grad, not written by hand):
 
     dH = dF Wd^T,  dV = dH * silu(U),  dU = dH * V * silu'(U)
     dWd = H^T dF,  dWg = X^T dU,  dWu = X^T dV,  dX = dU Wg^T + dV Wu^T
@@ -18,7 +19,11 @@ from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
-from moagen.moa.expr import array, exp, inner, lift, named, psi, reduce, silu, transpose
+from dataclasses import replace
+
+from moagen.moa.expr import Named, Transpose, array, inner, lift, named, psi, silu, transpose
+from moagen.moa.grad import grad
+from moagen.moa.rewrites import transform
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.schedule import Hoist, Parallel
 from moagen.onf.tiling import RegisterTile
@@ -27,20 +32,16 @@ X = array("X", "batch", "n", "dm")
 WG = array("Wg", "dm", "dff")
 WU = array("Wu", "dm", "dff")
 WD = array("Wd", "dff", "dm")
-U = array("U", "batch", "n", "dff")
-DF = array("dF", "batch", "n", "dm")
 B = ("b",)
 ROW_E, ROW_C = ("i", "e"), ("i", "c")  # e: the hidden (d_ff) axis, c: the model axis
-
-
-def sigmoid(u):
-    return 1.0 / (1.0 + exp(-u))
 
 
 def forward_parts(x):
     """U and H of one batch entry's rows."""
     u = named("U", inner(x, WG, var="c", name="xg"), index=ROW_E)
-    h = named("H", silu(u) * inner(x, WU, var="c", name="xu"), index=ROW_E)
+    # V named as well: the derived backward can then store it rather than recompute it
+    h = named("H", silu(u) * named("V", inner(x, WU, var="c", name="xu"), index=ROW_E),
+              index=ROW_E)
     return u, h
 
 
@@ -56,40 +57,34 @@ def forward_spec() -> KernelSpec:
     )
 
 
-def _over_rows(per_batch, name):
-    """A weight's gradient: the per-batch products a^T b summed over the batch."""
-    return reduce("+", lift(B, ("batch",), per_batch), axis=0, var="b", name=name)
-
-
 def _transposed(w, label):
     """A weight stored transposed once, so that every product runs along contiguous rows."""
     return named(label, transpose(w), index=("e", "c") if w is not WD else ("c", "e"))
 
 
+# how the backward is derived (moagen.moa.grad; `moagen grad mlp_fwd`): dF given for F, U
+# kept; V, H, dH, dV and dU are Named (the forward names V so that it can be stored)
+VJP = {"mlp_fwd": dict(wrt={"X": ("b",) + ROW_C, "Wg": ("c", "e"), "Wu": ("c", "e"),
+                            "Wd": ("e", "c")}, cotangents=("F",))}
+
+
 def backward_spec() -> KernelSpec:
-    x, u, df = (psi(B, a) for a in (X, U, DF))
-    v = named("V", inner(x, WU, var="c", name="xu"), index=ROW_E)
-    # the weight gradients' row operands, stored transposed (as the weights are for dX):
-    # a register tile then reads them along contiguous rows, not one row apart per step
-    xt = named("XT", transpose(x), index=("c", "i"))
-    ht = named("HT", transpose(silu(u) * v), index=("e", "i"))
-    dh = named("dH", inner(df, _transposed(WD, "WdT"), var="c", name="dfw"), index=ROW_E)
-    sig = sigmoid(u)
-    dv = named("dV", dh * silu(u), index=ROW_E)
-    du = named("dU", dh * v * sig * (1.0 + u * (1.0 - sig)), index=ROW_E)
-    dx = (inner(du, _transposed(WG, "WgT"), var="e", name="dug")
-          + inner(dv, _transposed(WU, "WuT"), var="e", name="dvu"))
-    return KernelSpec(
-        name="mlp_bwd",
-        inputs=(X, WG, WU, WD, U, DF),
-        scalars=(),
-        outputs=(
-            Output("dX", lift(B, ("batch",), dx), ("b", "i", "c")),
-            Output("dWg", _over_rows(inner(xt, du, var="i", name="xdu"), "batch_g"), ("c", "e")),
-            Output("dWu", _over_rows(inner(xt, dv, var="i", name="xdv"), "batch_u"), ("c", "e")),
-            Output("dWd", _over_rows(inner(ht, df, var="i", name="hdf"), "batch_d"), ("e", "c")),
-        ),
-    )
+    """The derived backward with its transposed operands Named, so that a variant can store
+    them: the weights for dX and dH, and per batch entry X and H (XT, HT), so that the
+    weight gradients, sums over the rows, read their row operand along contiguous memory."""
+    derived = grad(forward_spec(), name="mlp_bwd", **VJP["mlp_fwd"])
+    stored = {transpose(WD): _transposed(WD, "WdT"), transpose(WG): _transposed(WG, "WgT"),
+              transpose(WU): _transposed(WU, "WuT"),
+              transpose(psi(B, X)): named("XT", transpose(psi(B, X)), index=("c", "i"))}
+
+    def transposed(node):
+        if isinstance(node, Transpose) and isinstance(node.array, Named) and \
+                node.array.label == "H":
+            return named("HT", transpose(node.array.value), index=("e", "i"))
+        return stored.get(node)
+
+    return replace(derived, outputs=tuple(replace(o, value=transform(o.value, transposed))
+                                          for o in derived.outputs))
 
 
 FORWARD_TEMPS = frozenset({"H"})
@@ -162,6 +157,8 @@ BACKWARD_VARIANTS = {
 }
 
 KERNELS = [(forward_spec(), FORWARD_VARIANTS), (backward_spec(), BACKWARD_VARIANTS)]
+# the name a derived backward has (moagen.kernels.ALIASES)
+ALIASES = {"mlp_fwd_vjp": "mlp_bwd"}
 
 
 def _forward_u(arrays, scalars):

@@ -1,10 +1,12 @@
 """RMSNorm over the feature axis of every (batch, position) row:
 
     forward   r = 1 / sqrt(mean(x^2) + eps),  z = weight * x * r
-    backward  xhat = x * r,  g = dz * weight
-              dx = r * (g - xhat * mean(g * xhat)),  dweight = sum over rows of dz * xhat
+    backward  dx = dz * r * weight - x * r^3 * sum(dz * weight * x) / d
+                 (= r * (g - xhat * mean(g * xhat)),  xhat = x * r,  g = dz * weight)
+              dweight = sum over rows of dz * r * x
 
-The forward keeps the per-row statistic r (inv_rms) for the backward, never x / r."""
+The forward keeps the per-row statistic r (inv_rms) for the backward, never x / r. The
+backward is derived from the forward's spec (moagen.moa.grad), not written by hand."""
 from dataclasses import replace
 from functools import partial
 
@@ -13,7 +15,9 @@ import numpy as np
 from moagen import reference_block
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
+from moagen.onf.gpu_blocks import GpuBlocks
 from moagen.kernels.tunable import Tunable
+from moagen.moa.grad import grad
 from moagen.moa.expr import Scalar, array, dim, lift, named, psi, reduce, rsqrt
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests
@@ -25,7 +29,6 @@ from moagen.onf.unroll import rows_together, tiled
 X = array("x", "batch", "n", "d")
 WEIGHT = array("weight", "d")
 INV_RMS = array("inv_rms", "batch", "n")
-DZ = array("dz", "batch", "n", "d")
 ROWS, EXTENTS = ("b", "i"), ("batch", "n")
 
 
@@ -44,21 +47,13 @@ FORWARD = KernelSpec(
 )
 
 
-def _backward():
-    x, r, dz = psi(ROWS, X), psi(ROWS, INV_RMS), psi(ROWS, DZ)
-    xhat = x * r
-    g = dz * WEIGHT
-    mean_gx = reduce("+", g * xhat, axis=0, var="c", name="dot") / dim("d")
-    per_row = lift(ROWS, EXTENTS, dz * xhat)  # (batch, n, d)
-    over_rows = reduce("+", reduce("+", per_row, axis=1, var="i", name="rows"), axis=0,
-                       var="b", name="batches")
-    return KernelSpec(
-        name="rmsnorm_bwd",
-        inputs=(X, WEIGHT, INV_RMS, DZ),
-        scalars=(),
-        outputs=(Output("dx", lift(ROWS, EXTENTS, r * (g - xhat * mean_gx)), ("b", "i", "c")),
-                 Output("dweight", over_rows, ("c",))),
-    )
+# how the backward is derived (moagen.moa.grad; `moagen grad rmsnorm_fwd`): dz given for z,
+# inv_rms the kept statistic, x * r recomputed from it
+VJP = {"rmsnorm_fwd": dict(wrt={"x": ROWS + ("c",), "weight": ("c",)}, cotangents=("z",))}
+
+
+def _backward(name):
+    return grad(FORWARD, name=name, **VJP["rmsnorm_fwd"])
 
 
 def positive_eps(kernel):
@@ -71,14 +66,19 @@ def positive_eps(kernel):
 
 
 ROW_SPACE = {"rows": (1, 2, 4)}
+ROW_THREADS = 256  # a row's block on a GPU: a row of 1024 features is 4 a thread
 
 
 def _one_pass(rows):
     """One pass per row: the statistic is stored and used while the row is in cache (rows >
-    1: a few rows at a time, their sums of squares independent chains of adds)."""
+    1: a few rows at a time, their sums of squares independent chains of adds). On a GPU a
+    thread block per row, its threads sharing the row's features: the sum of squares a
+    block-wide reduction (one thread a row would leave most of a GPU idle at batch * n rows
+    and read a row's features a thread apart, uncoalesced)."""
     return Layers(algorithm=(FuseNests(("inv_rms", "z"), over=ROWS, name="rows"), Hoist()),
                   schedule=(LowerReductions(), *rows_together("rows", "i", rows)),
-                  mapping=cpu(Parallel(ROWS[:-1] + (tiled("i", rows),), nest="rows")))
+                  mapping={"cpu": (Parallel(ROWS[:-1] + (tiled("i", rows),), nest="rows"),),
+                           "cuda": (GpuBlocks(ROWS, nest="rows", block=ROW_THREADS, across="c"),)})
 
 
 FORWARD_VARIANTS = {
@@ -112,7 +112,8 @@ APPLY = KernelSpec(
                     ("b", "i", "c")),),
 )
 
-KERNELS = [(FORWARD, FORWARD_VARIANTS, positive_eps("rmsnorm_fwd")), (_backward(), BACKWARD_VARIANTS),
+KERNELS = [(FORWARD, FORWARD_VARIANTS, positive_eps("rmsnorm_fwd")),
+           (_backward("rmsnorm_bwd"), BACKWARD_VARIANTS),
            (APPLY, {"dnf": (frozenset(), Layers(mapping=cpu(Parallel(ROWS))))})]
 
 # What verification and the benchmarks run these kernels on (moagen.kernels.cases).
@@ -153,3 +154,5 @@ BENCH = {"rmsnorm_fwd": ROWS_OF_1024.measured_against(
                             "(inv_rms unused)", eps=EPS),
          "rmsnorm_apply": ROWS_OF_1024.measured_against(
              "rmsnorm_apply", "z = x * inv_rms * weight, two products")}
+# the name a derived backward has (moagen.kernels.ALIASES)
+ALIASES = {"rmsnorm_fwd_vjp": "rmsnorm_bwd"}

@@ -381,6 +381,13 @@ def maximum(a, b):
     return BinOp("max", as_expr(a), as_expr(b))
 
 
+def walk(node: Expr):
+    """node and every node below it, parents first (a shared subtree once per use)."""
+    yield node
+    for _, child in node.children():
+        yield from walk(child)
+
+
 def describe(node: Expr) -> str:
     """One line naming a node without its children, for dumps and error messages."""
     if isinstance(node, (Array, Scalar, Const, Dim)):

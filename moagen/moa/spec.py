@@ -62,7 +62,7 @@ class KernelSpec:
             if unknown:
                 raise SpecError(f"{self.name}.{out}: output shape {fmt_shape(shape)} uses sizes "
                                 f"{sorted(map(str, unknown))} that no input determines")
-            for node in _walk(o.value):
+            for node in E.walk(o.value):
                 if isinstance(node, E.Array):
                     ref = declared.get(node.name)
                     if ref is None:
@@ -81,8 +81,3 @@ class KernelSpec:
                                     f"{sorted(map(str, used - sizes))} that no input determines")
         return self
 
-
-def _walk(node):
-    yield node
-    for _, child in node.children():
-        yield from _walk(child)

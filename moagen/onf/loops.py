@@ -35,6 +35,10 @@ class Loop(Stmt):
     vector_tile: bool = False
     simd: bool = False  # vectorized by the compiler with its reductions (moagen.onf.simd)
     threads: int = 0  # a parallel loop on a GPU: threads a thread block (GpuThreads)
+    # a parallel loop on a GPU: a thread block per iteration, not a thread (GpuBlocks) ...
+    per_block: bool = False
+    # ... whose threads share the iterations of this loop inside it
+    across_threads: bool = False
 
 
 @dataclass(frozen=True)
@@ -227,9 +231,9 @@ def defined_names(stmts) -> frozenset:
 
 
 def arrays_read(stmts) -> set:
-    """The arrays the statements' expressions read."""
+    """The arrays the statements' expressions read (by index, or by offset after layout)."""
     return {e.array for s in walk(stmts) for x in stmt_exprs(s)
-            for e in S.subexpressions(x) if isinstance(e, S.Access)}
+            for e in S.subexpressions(x) if isinstance(e, (S.Access, S.Load))}
 
 
 def names_read(stmts) -> set:
@@ -273,10 +277,12 @@ def _format_block(stmts, depth):
     out = []
     for s in stmts:
         if isinstance(s, Loop):
-            mark = (f"parallel({s.parallel}{', interleaved' if s.interleave else ''}"
-                    f"{f', {s.threads} GPU threads a block' if s.threads else ''}) "
+            gpu = (f", a block of {s.threads} GPU threads an iteration" if s.per_block else
+                   f", {s.threads} GPU threads a block" if s.threads else "")
+            mark = (f"parallel({s.parallel}{', interleaved' if s.interleave else ''}{gpu}) "
                     if s.parallel else "") + \
-                ("vector-tile " if s.vector_tile else "") + ("simd " if s.simd else "")
+                ("vector-tile " if s.vector_tile else "") + ("simd " if s.simd else "") + \
+                ("across-threads " if s.across_threads else "")
             out.append(f"{pad}{mark}for {s.var} in [{s.start}, {s.stop}):")
             out += _format_block(s.body, depth + 1)
         elif isinstance(s, Let):

@@ -7,7 +7,7 @@ this package and its line in TARGETS.
     kernel = target.bind(target.library(source, stem), signature, validate)
 """
 from moagen.errors import UnknownNameError
-from moagen.targets import c, cuda, fortran
+from moagen.targets import c, cuda, fortran, openacc
 from moagen.targets.target import Target
 
 TARGETS = {t.name: t for t in (
@@ -16,6 +16,9 @@ TARGETS = {t.name: t for t in (
     cuda.TARGET,
     c.NO_RESTRICT,
     cuda.EMULATED,
+    openacc.C,
+    openacc.C_NO_RESTRICT,
+    openacc.FORTRAN,
 )}
 # the languages: every target but the variants of one (an experiment's, an emulation's)
 LANGS = tuple(name for name, t in TARGETS.items() if t.variant_of is None)

@@ -4,7 +4,7 @@ from functools import partial
 
 from moagen import build
 from moagen.bind import fortran as loader
-from moagen.codegen.fortran import emit_fortran
+from moagen.codegen.fortran import FortranPrinter, emit_fortran
 from moagen.codegen.printer import signature
 from moagen.errors import SpecError
 from moagen.targets.target import Target
@@ -16,13 +16,13 @@ MODULE = "moagen_kernels"
 NAME_LIMIT = 63 - len(f"f90wrap_{MODULE}__")
 
 
-def emit(pairs, banner) -> str:
+def emit(pairs, banner, printer=FortranPrinter) -> str:
     for dtype, onf in pairs:
         name = signature(onf, dtype).name
         if len(name) > NAME_LIMIT:
             raise SpecError(f"{name} is longer than the {NAME_LIMIT} characters a Fortran "
                             f"routine wrapped by f90wrap may have; shorten the kernel name")
-    return emit_fortran(pairs, banner, MODULE)
+    return emit_fortran(pairs, banner, MODULE, printer)
 
 
 def build_module(source, stem, toolchain=None):

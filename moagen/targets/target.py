@@ -30,6 +30,9 @@ class Target:
     # whether its times say something about the machine it is meant for (an emulation's
     # do not): the bench refuses to measure it otherwise
     measured: bool = True
+    # where its kernels run when that is not the host: () -> the device, which holds their
+    # arrays and times them (moagen.bind.cuda_driver.Driver); None for host code
+    device: Optional[Callable] = None
 
     def library(self, source: str, stem: str, toolchain=None):
         """Build `source` (cached) and load it."""

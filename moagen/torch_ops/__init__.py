@@ -1,0 +1,21 @@
+"""moagen's kernels as PyTorch operators (torch.library custom ops, each with an autograd
+formula and a fake implementation, so torch.compile(fullgraph=True) traces through them).
+Public as `moagen.torch`:
+
+    from moagen import torch as mt
+    o = mt.attention(q, k, v, causal=True)     # for F.scaled_dot_product_attention(q, k, v,
+                                               #                 is_causal=True)
+    z = mt.rms_norm(x, weight, eps)            # for F.rms_norm(x, (d,), weight, eps)
+    f = mt.swiglu_mlp(x, w_gate, w_up, w_down) # (silu(x w_gate) * (x w_up)) w_down
+    cache = mt.KVCache(batch, kv_heads, capacity, d); cache.append(k, v); o = cache.attend(q)
+    block = mt.Block(d_model, heads, d_head, d_ff)
+
+CPU tensors, float32 or float64 (the kernels' dtype follows the tensors); lang="c" or
+"fortran" picks the kernels' language. The kernels run on OpenMP threads from the same
+libgomp as PyTorch's, so torch.set_num_threads sets theirs too."""
+from moagen.torch_ops.attention import attention
+from moagen.torch_ops.block import Block
+from moagen.torch_ops.decode import KVCache
+from moagen.torch_ops.layers import rms_norm, swiglu_mlp
+
+__all__ = ["attention", "rms_norm", "swiglu_mlp", "KVCache", "Block"]

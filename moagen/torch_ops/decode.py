@@ -1,0 +1,92 @@
+"""Decoding with a KV cache: `KVCache` holds preallocated K and V caches of shape
+(batch, kv_heads, capacity, d) and the number n of valid rows; `append` writes the new
+position's rows in place (kv_append, O(d) per head), `attend` runs one query position
+against the n valid rows (attention_decode, `split`: the rows cut into slices run in
+parallel, merged by their logsumexp). Grouped-query attention by indexing: query head h
+reads KV head h // (q_heads / kv_heads), with no copy of the cache.
+
+Inference only: the operators have no autograd formula (call them under torch.no_grad()).
+Shapes follow SDPA's with one position: k, v and q of shape (batch, heads, 1, d)."""
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from moagen.torch_ops.native import call, check_dims, check_lang, check_size, check_tensors
+
+
+@torch.library.custom_op("moagen::kv_append", mutates_args=("k_cache", "v_cache"))
+def kv_append_op(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, n: int,
+                 lang: str) -> None:
+    """Row n of both caches := k, v (batch, kv_heads, d)."""
+    call("kv_append", "dnf", lang, k_cache, v_cache, k, v, n=n)
+
+
+@kv_append_op.register_fake
+def _(k_cache, v_cache, k, v, n, lang):
+    return None
+
+
+@torch.library.custom_op("moagen::attention_decode", mutates_args=())
+def attention_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, n: int, scale: float,
+                        lang: str) -> Tensor:
+    """O (batch, q_heads, d) of q (batch, q_heads, d) against the caches' first n rows."""
+    out, _lse = call("attention_decode", "split", lang, q, k_cache, v_cache, scale=scale, n=n)
+    return out
+
+
+@attention_decode_op.register_fake
+def _(q, k_cache, v_cache, n, scale, lang):
+    return q.new_empty(q.shape)
+
+
+class KVCache:
+    """K and V caches with room for `capacity` positions, zero rows valid at first."""
+
+    def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int,
+                 dtype=torch.float32, lang: str = "c"):
+        check_lang("moagen.torch.KVCache", lang)
+        shape = (batch, kv_heads, capacity, head_dim)
+        if min(shape) < 1:
+            raise ValueError(f"moagen.torch.KVCache: every size must be at least 1, got "
+                             f"(batch, kv_heads, capacity, head_dim) = {shape}")
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        check_tensors("moagen.torch.KVCache", cache=self.k)  # the dtype
+        self.n, self.lang = 0, lang
+
+    @property
+    def capacity(self):
+        return self.k.shape[2]
+
+    def _one_position(self, op, name, t, heads=None):
+        """t (batch, heads, 1, d) as the kernels' (batch, heads, d)."""
+        check_tensors(op, **{name: t, "the cache": self.k})
+        check_dims(op, name, t, 4, "(batch, heads, 1, d)")
+        batch, kv_heads, _, d = self.k.shape
+        expected = (batch, kv_heads if heads is None else t.shape[1], 1, d)
+        check_size(op, f"{name}'s shape", tuple(t.shape), expected)
+        return t.reshape(t.shape[0], t.shape[1], d)
+
+    def append(self, k: Tensor, v: Tensor) -> None:
+        """Writes k and v (batch, kv_heads, 1, d) as the cache's row n, in place; n += 1."""
+        op = "moagen.torch.KVCache.append"
+        if self.n >= self.capacity:
+            raise ValueError(f"{op}: the cache is full ({self.capacity} positions)")
+        kv_append_op(self.k, self.v, self._one_position(op, "k", k),
+                     self._one_position(op, "v", v), self.n, self.lang)
+        self.n += 1
+
+    def attend(self, q: Tensor, *, scale: Optional[float] = None) -> Tensor:
+        """Attention of q (batch, q_heads, 1, d) over the n cached positions (the query is
+        the newest position, so this is causal attention); (batch, q_heads, 1, d)."""
+        op = "moagen.torch.KVCache.attend"
+        if self.n == 0:
+            raise ValueError(f"{op}: the cache is empty; append the position's k and v first")
+        q3 = self._one_position(op, "q", q, heads=True)
+        if q.shape[1] % self.k.shape[1]:
+            raise ValueError(f"{op}: the cache's {self.k.shape[1]} KV heads do not divide q's "
+                             f"{q.shape[1]} heads (grouped-query attention needs whole groups)")
+        scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        return attention_decode_op(q3, self.k, self.v, self.n, scale, self.lang).unsqueeze(2)

@@ -1,0 +1,148 @@
+"""RMSNorm and the gated (SwiGLU) MLP as PyTorch operators over every row of x (any leading
+dimensions; the kernels see them as one batch of rows).
+
+    rms_norm    forward rmsnorm_fwd (z and the per-row 1/rms, kept for the backward),
+                backward rmsnorm_bwd (dx, and dweight summed in fixed parts: the same bits
+                on any thread count)
+    swiglu_mlp  forward mlp_fwd (F and U = x w_gate, kept), backward mlp_bwd (V and H
+                recomputed from x and U); both register tiled ("tiled")
+
+The weights are in the kernels' (and x @ W's) orientation: w_gate, w_up (d_model, d_ff),
+w_down (d_ff, d_model); an nn.Linear stores the transpose (its .weight.T)."""
+from torch import Tensor
+import torch
+
+from moagen.torch_ops.native import call, check_dims, check_lang, check_size, check_tensors
+
+
+def _rows(x):
+    """x (..., d) as the kernels' (batch = 1, rows, d)."""
+    return x.reshape(1, -1, x.shape[-1])
+
+
+def _check_rows(op, x):
+    if x.dim() < 1 or x.numel() == 0:
+        raise ValueError(f"{op}: x must have at least one row (..., d), got shape {tuple(x.shape)}")
+
+
+def _check_norm(op, x, weight, eps, lang):
+    check_lang(op, lang)
+    check_tensors(op, x=x, weight=weight)
+    _check_rows(op, x)
+    check_dims(op, "weight", weight, 1, "(d,)")
+    check_size(op, "weight's length (x's last dimension)", weight.shape[0], x.shape[-1])
+    if not eps > 0:
+        raise ValueError(f"{op}: eps must be positive, got {eps}")
+
+
+@torch.library.custom_op("moagen::rms_norm", mutates_args=())
+def rms_norm_op(x: Tensor, weight: Tensor, eps: float, lang: str) -> tuple[Tensor, Tensor]:
+    """z and the per-row 1/rms."""
+    _check_norm("moagen::rms_norm", x, weight, eps, lang)
+    z, inv_rms = call("rmsnorm_fwd", "dnf", lang, _rows(x), weight, eps=eps)
+    return z.reshape(x.shape), inv_rms.reshape(x.shape[:-1])
+
+
+@rms_norm_op.register_fake
+def _(x, weight, eps, lang):
+    _check_norm("moagen::rms_norm", x, weight, eps, lang)
+    return x.new_empty(x.shape), x.new_empty(x.shape[:-1])
+
+
+@torch.library.custom_op("moagen::rms_norm_backward", mutates_args=())
+def rms_norm_backward_op(x: Tensor, weight: Tensor, inv_rms: Tensor, grad_z: Tensor,
+                         lang: str) -> tuple[Tensor, Tensor]:
+    dx, dweight = call("rmsnorm_bwd", "dnf", lang, _rows(x), weight,
+                       inv_rms.reshape(1, -1), _rows(grad_z))
+    return dx.reshape(x.shape), dweight
+
+
+@rms_norm_backward_op.register_fake
+def _(x, weight, inv_rms, grad_z, lang):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _setup_norm(ctx, inputs, output):
+    x, weight, _eps, ctx.lang = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward_norm(ctx, grad_z, _grad_inv_rms):
+    x, weight, inv_rms = ctx.saved_tensors
+    dx, dweight = rms_norm_backward_op(x, weight, inv_rms, grad_z, ctx.lang)
+    return dx, dweight, None, None
+
+
+rms_norm_op.register_autograd(_backward_norm, setup_context=_setup_norm)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5, *, lang: str = "c") -> Tensor:
+    """weight * x / sqrt(mean(x^2 over the last axis) + eps), as
+    F.rms_norm(x, (d,), weight, eps); differentiable in x and weight."""
+    _check_norm("moagen.torch.rms_norm", x, weight, eps, lang)
+    return rms_norm_op(x, weight, float(eps), lang)[0]
+
+
+def _check_mlp(op, x, w_gate, w_up, w_down, lang):
+    check_lang(op, lang)
+    check_tensors(op, x=x, w_gate=w_gate, w_up=w_up, w_down=w_down)
+    _check_rows(op, x)
+    for name, t in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+        check_dims(op, name, t, 2, "(d_model, d_ff)" if name != "w_down" else "(d_ff, d_model)")
+    d_model, d_ff = x.shape[-1], w_gate.shape[1]
+    check_size(op, "w_gate's shape (d_model = x's last dimension, d_ff)", tuple(w_gate.shape),
+               (d_model, d_ff))
+    check_size(op, "w_up's shape (as w_gate's)", tuple(w_up.shape), (d_model, d_ff))
+    check_size(op, "w_down's shape (d_ff, d_model)", tuple(w_down.shape), (d_ff, d_model))
+    if d_ff == 0:
+        raise ValueError(f"{op}: d_ff must be at least 1")
+
+
+@torch.library.custom_op("moagen::swiglu_mlp", mutates_args=())
+def swiglu_mlp_op(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
+                  lang: str) -> tuple[Tensor, Tensor]:
+    """F and U = x w_gate."""
+    _check_mlp("moagen::swiglu_mlp", x, w_gate, w_up, w_down, lang)
+    f, u = call("mlp_fwd", "tiled", lang, _rows(x), w_gate, w_up, w_down)
+    return f.reshape(x.shape), u.reshape(*x.shape[:-1], -1)
+
+
+@swiglu_mlp_op.register_fake
+def _(x, w_gate, w_up, w_down, lang):
+    _check_mlp("moagen::swiglu_mlp", x, w_gate, w_up, w_down, lang)
+    return x.new_empty(x.shape), x.new_empty((*x.shape[:-1], w_gate.shape[1]))
+
+
+@torch.library.custom_op("moagen::swiglu_mlp_backward", mutates_args=())
+def swiglu_mlp_backward_op(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, u: Tensor,
+                           grad_f: Tensor, lang: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dx, dw_gate, dw_up, dw_down = call("mlp_bwd", "tiled", lang, _rows(x), w_gate, w_up, w_down,
+                                       _rows(u), _rows(grad_f))
+    return dx.reshape(x.shape), dw_gate, dw_up, dw_down
+
+
+@swiglu_mlp_backward_op.register_fake
+def _(x, w_gate, w_up, w_down, u, grad_f, lang):
+    return tuple(t.new_empty(t.shape) for t in (x, w_gate, w_up, w_down))
+
+
+def _setup_mlp(ctx, inputs, output):
+    *tensors, ctx.lang = inputs
+    ctx.save_for_backward(*tensors, output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward_mlp(ctx, grad_f, _grad_u):
+    return swiglu_mlp_backward_op(*ctx.saved_tensors, grad_f, ctx.lang) + (None,)
+
+
+swiglu_mlp_op.register_autograd(_backward_mlp, setup_context=_setup_mlp)
+
+
+def swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, *,
+               lang: str = "c") -> Tensor:
+    """(silu(x w_gate) * (x w_up)) w_down over the last axis of x; differentiable in x and
+    the weights."""
+    _check_mlp("moagen.torch.swiglu_mlp", x, w_gate, w_up, w_down, lang)
+    return swiglu_mlp_op(x, w_gate, w_up, w_down, lang)[0]

@@ -1,0 +1,242 @@
+"""moagen.torch: the kernels as PyTorch operators. Values against PyTorch's own operators,
+gradients by torch.autograd.gradcheck (float64, odd sizes), the operators' registrations by
+torch.library.opcheck, torch.compile(fullgraph=True) through them, decode through KVCache,
+and the errors a caller meets."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import moagen.torch as mt
+from moagen.reference_block import _block_torch
+from moagen.torch_ops.native import CUDA_MISSING
+
+F64 = torch.float64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread(session_build_dir):
+    """gradcheck makes hundreds of calls on a few dozen numbers each, where two OpenMP
+    threads' fork and join would dominate; the kernels share PyTorch's libgomp, so this sets
+    theirs too."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _randn(*shape, dtype=F64, seed=[0]):
+    seed[0] += 1
+    g = torch.Generator().manual_seed(seed[0])
+    return torch.randn(*shape, dtype=dtype, generator=g).requires_grad_()
+
+
+def _close(got, want, rtol=1e-12):
+    scale = max(want.abs().max().item(), 1.0)
+    assert (got - want).abs().max().item() <= rtol * scale
+
+
+# C throughout; Fortran once (the operators hand `lang` to moagen.load, and `moagen verify`
+# checks every Fortran kernel; each Fortran build takes seconds)
+@pytest.mark.parametrize("causal, kv_heads, lang", [(False, 3, "c"), (True, 3, "c"),
+                                                    (True, 1, "c"),  # grouped (MQA)
+                                                    (False, 1, "fortran")])
+def test_attention_is_sdpa_and_passes_gradcheck(causal, kv_heads, lang):
+    q, k, v = _randn(2, 3, 7, 5), _randn(2, kv_heads, 7, 5), _randn(2, kv_heads, 7, 5)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    _close(mt.attention(q, k, v, causal=causal, lang=lang), want)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: mt.attention(q, k, v, causal=causal, scale=0.3, lang=lang), (q, k, v))
+
+
+def test_attention_in_float32_and_on_non_contiguous_inputs():
+    q, k, v = (_randn(1, 7, 2, 5, dtype=torch.float32).transpose(1, 2) for _ in range(3))
+    assert not q.is_contiguous()
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    got = mt.attention(q, k, v, causal=True)
+    assert got.dtype == torch.float32
+    _close(got, want, rtol=2e-6)
+    (dq,) = torch.autograd.grad(got.sum(), q)
+    (want_dq,) = torch.autograd.grad(want.sum(), q)
+    _close(dq, want_dq, rtol=2e-5)
+
+
+def test_rms_norm_is_pytorchs_and_passes_gradcheck(lang="c"):
+    x, w = _randn(2, 3, 7, 5), _randn(5)  # two leading dimensions
+    _close(mt.rms_norm(x, w, 1e-5, lang=lang), F.rms_norm(x, (5,), w, 1e-5))
+    assert torch.autograd.gradcheck(lambda x, w: mt.rms_norm(x, w, 0.1, lang=lang), (x, w))
+
+
+def test_swiglu_mlp_is_pytorchs_and_passes_gradcheck(lang="c"):
+    x, wg, wu, wd = _randn(2, 7, 5), _randn(5, 9), _randn(5, 9), _randn(9, 5)
+    _close(mt.swiglu_mlp(x, wg, wu, wd, lang=lang), (F.silu(x @ wg) * (x @ wu)) @ wd)
+    assert torch.autograd.gradcheck(lambda *a: mt.swiglu_mlp(*a, lang=lang), (x, wg, wu, wd))
+
+
+def test_block_is_the_pytorch_block_and_passes_gradcheck(lang="c"):
+    torch.manual_seed(3)
+    block = mt.Block(d_model=7, heads=3, d_head=5, d_ff=11, dtype=F64, lang=lang)
+    x = _randn(2, 5, 7)
+    y = block(x)
+    want, _ = _block_torch(x, block.weights(), block.eps, block.scale)
+    _close(y, want)
+    dy = torch.randn_like(y)
+    got = torch.autograd.grad(y, [x, *block.weights()], dy)
+    expected = torch.autograd.grad(want, [x, *block.weights()], dy)
+    for g, e in zip(got, expected):
+        _close(g, e)
+    # every weight perturbed, not only the ones above: gradcheck on the whole module
+    params = [x] + [w.detach().clone().requires_grad_() for w in block.weights()]
+    op = lambda x, *w: torch.ops.moagen.block(x, list(w), 0.1, 0.4, lang)[0]
+    assert torch.autograd.gradcheck(op, params, fast_mode=True)
+
+
+def test_decode_through_the_kv_cache_is_sdpa_over_the_cache(lang="c"):
+    cache = mt.KVCache(batch=2, kv_heads=2, capacity=9, head_dim=5, dtype=F64, lang=lang)
+    keys, values = [], []
+    with torch.no_grad():
+        for _ in range(9):
+            k, v, q = _randn(2, 2, 1, 5), _randn(2, 2, 1, 5), _randn(2, 6, 1, 5)
+            cache.append(k, v)
+            keys.append(k), values.append(v)
+            want = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2),
+                                                  enable_gqa=True)
+            _close(cache.attend(q), want)
+        with pytest.raises(ValueError, match="the cache is full"):
+            cache.append(k, v)
+    assert torch.equal(cache.k, torch.cat(keys, 2))
+
+
+def _ops_and_args():
+    x, w = _randn(2, 7, 5), _randn(5)
+    q = _randn(2, 3, 7, 5)
+    weights = [_randn(*s) for s in [(7,), (7, 2, 3), (7, 2, 3), (7, 2, 3), (2, 3, 7), (7,),
+                                    (7, 11), (7, 11), (11, 7)]]
+    ops = torch.ops.moagen
+    return [(ops.attention.default, (q, q.detach() * 2, q.detach() + 1, True, 0.4, "c")),
+            (ops.rms_norm.default, (x, w, 1e-5, "c")),
+            (ops.swiglu_mlp.default, (x, _randn(5, 9), _randn(5, 9), _randn(9, 5), "c")),
+            (ops.block.default, (_randn(2, 5, 7), weights, 1e-5, 0.5, "c")),
+            (ops.kv_append.default, (torch.zeros(2, 1, 4, 5, dtype=F64),
+                                     torch.zeros(2, 1, 4, 5, dtype=F64),
+                                     torch.ones(2, 1, 5, dtype=F64),
+                                     torch.ones(2, 1, 5, dtype=F64), 1, "c")),
+            (ops.attention_decode.default, (torch.randn(2, 3, 5, dtype=F64),
+                                            torch.randn(2, 1, 4, 5, dtype=F64),
+                                            torch.randn(2, 1, 4, 5, dtype=F64), 3, 0.4, "c"))]
+
+
+@pytest.mark.parametrize("op, args", _ops_and_args(), ids=lambda p: getattr(p, "__name__", ""))
+def test_the_operators_registrations_hold(op, args):
+    """opcheck: the schema (mutations declared), the fake implementation's shapes and
+    dtypes, the autograd registration, and tracing by AOT autograd."""
+    torch.library.opcheck(op, args)
+
+
+class TinyModel(torch.nn.Module):
+    """Every operator in one model: a norm, grouped-query causal attention, the MLP, a
+    Block."""
+
+    def __init__(self, d=8, heads=2):
+        super().__init__()
+        self.heads, self.d_head = heads, d // heads
+        self.norm = torch.nn.Parameter(torch.ones(d, dtype=F64))
+        self.w_qkv = torch.nn.Parameter(torch.randn(d, 2 * d, dtype=F64) / math.sqrt(d))
+        self.mlp = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.randn(s, dtype=F64) / math.sqrt(s[0]))
+            for s in [(d, 12), (d, 12), (12, d)])
+        self.block = mt.Block(d, heads, self.d_head, 12, dtype=F64)
+
+    def forward(self, x):
+        h = mt.rms_norm(x, self.norm)
+        q, kv = (h @ self.w_qkv).split([x.shape[-1], x.shape[-1]], -1)
+        q = q.unflatten(-1, (self.heads, self.d_head)).transpose(1, 2)
+        kv = kv.unflatten(-1, (2, 1, self.d_head)).permute(2, 0, 3, 1, 4)  # one KV head
+        x = x + mt.attention(q, kv[0], kv[1], causal=True).transpose(1, 2).flatten(2)
+        x = x + mt.swiglu_mlp(x, *self.mlp)
+        return self.block(x)
+
+
+def test_torch_compile_fullgraph_traces_through_every_operator():
+    """fullgraph: a graph break (an operator dynamo cannot trace) would be an error. The
+    aot_eager backend traces forward and backward through the fake implementations and the
+    autograd formulas as Inductor would, without generating C++ (tens of seconds more)."""
+    torch.manual_seed(0)
+    model, x = TinyModel(), torch.randn(2, 5, 8, dtype=F64)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    grads = torch.autograd.grad(y.square().sum(), list(model.parameters()))
+    eager = model(x)
+    eager_grads = torch.autograd.grad(eager.square().sum(), list(model.parameters()))
+    assert torch.equal(y, eager)
+    for g, e in zip(grads, eager_grads):
+        assert torch.equal(g, e)
+
+
+def _errors_of(call):
+    with pytest.raises((ValueError, TypeError)) as error:
+        call()
+    return str(error.value)
+
+
+def test_bad_inputs_get_errors_that_name_the_argument():
+    q = torch.randn(1, 4, 7, 5)
+    assert "dtype torch.float16" in _errors_of(lambda: mt.attention(q.half(), q.half(), q.half()))
+    assert "share one dtype" in _errors_of(lambda: mt.attention(q, q.double(), q))
+    assert "4 dimensions" in _errors_of(lambda: mt.attention(q[0], q[0], q[0]))
+    assert "does not divide" in _errors_of(lambda: mt.attention(q, q[:, :3], q[:, :3]))
+    assert "as many keys as queries" in _errors_of(lambda: mt.attention(q, q[:, :, :6],
+                                                                        q[:, :, :6]))
+    assert "lang must be one of" in _errors_of(lambda: mt.attention(q, q, q, lang="julia"))
+    assert CUDA_MISSING in _errors_of(lambda: mt.attention(q, q, q, lang="cuda"))
+    assert "must be a torch.Tensor" in _errors_of(lambda: mt.rms_norm(q.numpy(), q[0, 0, 0]))
+    assert "weight's length" in _errors_of(lambda: mt.rms_norm(q, torch.ones(4)))
+    assert "eps must be positive" in _errors_of(lambda: mt.rms_norm(q, torch.ones(5), 0.0))
+    x = torch.randn(3, 5)
+    assert "w_down's shape" in _errors_of(lambda: mt.swiglu_mlp(x, torch.ones(5, 6),
+                                                                torch.ones(5, 6),
+                                                                torch.ones(5, 6)))
+    cache = mt.KVCache(1, 2, 4, 5)
+    assert "the cache is empty" in _errors_of(lambda: cache.attend(torch.randn(1, 2, 1, 5)))
+    assert "k's shape" in _errors_of(lambda: cache.append(torch.randn(1, 3, 1, 5),
+                                                          torch.randn(1, 3, 1, 5)))
+    block = mt.Block(6, 2, 3, 4)
+    assert "x must have 3 dimensions" in _errors_of(lambda: block(torch.randn(6)))
+
+
+def test_cuda_tensors_are_refused_with_what_is_missing():
+    """No GPU is needed to see it: fake CUDA tensors reach the same checks (the ones
+    torch.compile runs while tracing)."""
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 3, 4, device="cuda")
+        assert "moagen/bind/cuda.py" in _errors_of(lambda: mt.attention(q, q, q))
+        x = torch.empty(3, 4, device="cuda")
+        assert "not supported yet" in _errors_of(lambda: mt.rms_norm(x, torch.ones(4,
+                                                                      device="cuda")))
+
+
+def test_the_tiny_lm_example_trains_and_decodes_the_same_both_ways(tmp_path):
+    """examples/train_tiny_lm.py at a tiny size, a few steps: its own checks (float64 losses
+    to 1e-9 relative at every step, the same generated tokens through both decode paths)
+    hold, and it writes the figure."""
+    import importlib.util
+    path = Path(__file__).parents[1] / "examples" / "train_tiny_lm.py"
+    spec = importlib.util.spec_from_file_location("train_tiny_lm", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    code = example.main(["--steps", "4", "--dtype", "float64", "--batch", "2", "--context", "12",
+                         "--d-model", "12", "--heads", "3", "--kv-heads", "1", "--d-ff", "20",
+                         "--chars", "3000", "--generate", "6", "--threads", "1",
+                         "--out", str(tmp_path)])
+    assert code == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    ours, theirs = results["runs"]["moagen float64"], results["runs"]["pytorch float64"]
+    assert len(ours["losses"]) == 4 and ours["losses"] != ours["losses"][:1] * 4  # it trains
+    assert results["loss_gap_float64"] <= 1e-9
+    assert ours["tokens"] == ours["tokens_other_path"] and len(ours["tokens"]) == 4 + 6
+    assert (tmp_path / "loss.png").stat().st_size > 0
