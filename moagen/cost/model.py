@@ -126,10 +126,12 @@ def at_least(big, small) -> bool:
     """Whether big >= small for every size >= 1: shown by the difference having no negative
     coefficient once each size s is written 1 + s (False where that does not show it)."""
     shift = {s: s + 1 for s in (big - small).free_symbols}
-    difference = sympy.expand((big - small).xreplace(shift))
     try:
+        difference = sympy.expand((big - small).xreplace(shift))
         coefficients = sympy.Poly(difference, *shift).coeffs() if shift else [difference]
-    except sympy.PolynomialError:  # idiv, Min: not a polynomial in the sizes
+    except (sympy.PolynomialError, ValueError):
+        # idiv, Min: not a polynomial in the sizes; a sum left unevaluated (a causal tile's
+        # blocks), whose bound variable a shift cannot move
         return False
     return all(c >= 0 for c in coefficients)
 

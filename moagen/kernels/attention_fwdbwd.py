@@ -15,10 +15,8 @@ stored. Two ONFs of the same DNF:
   rows sweep the query rows together, so that each query block is read once per key block
   (BlockInterchange), not once per few key rows.
 """
-from functools import partial
-
 from moagen import reference
-from moagen.kernels.attention import (CHECK_SIZES, KEY_BLOCK, ON_HEADS, K, Q, V, flash_tiles,
+from moagen.kernels.attention import (CHECK_SIZES, KEY_BLOCK, ON_HEADS, K, Q, V,
                                       softmax_parts, softmax_scale)
 from moagen.kernels.attention_bwd import BH, DO, EXTENTS, gradients
 from moagen.kernels.cases import Check, references
@@ -61,13 +59,11 @@ def spec(causal: bool) -> KernelSpec:
 QUERY_ROWS, KEY_ROWS = ("b", "h", "i"), ("b", "h", "j")
 
 
-def _owner(rows, keys, parts, lanes, causal):
+def _owner(rows, keys, parts):
     """The forward in one pass over blocks of keys (online softmax), the backward nests by
     blocks of the other side's rows (KeyBlocks: a block's probabilities one vector loop); in
     each of the three nests `rows` query (or key) rows walk the other side together; the
-    backward's query rows' nests add `keys` of its rows at a time into theirs. The forward
-    is attention_fwd's flash form: its block's products as rows x `lanes` register tiles
-    (causal: the blocks past a tile's rows skipped).
+    query rows' nests add `keys` of its rows at a time into theirs.
 
     parts > 0: no dQ pass. The key rows' pass adds each dS K into dQ as well (dQ scattered
     over keys, its dS shared with dK's), into one buffer per part of the keys of a head
@@ -95,10 +91,7 @@ def _owner(rows, keys, parts, lanes, causal):
     schedule, mapping = (), ()
     for nest, loops, other in passes:
         jammed = loops[-1]
-        if nest == "forward":
-            schedule += flash_tiles(nest, rows, lanes, causal)
-        else:
-            schedule += keys_summed(nest, keys, loop=other) + rows_together(nest, jammed, rows)
+        schedule += keys_summed(nest, keys, loop=other) + rows_together(nest, jammed, rows)
         # with parts the key rows' pass is parallel over its parts, the rows inside them
         parallel = ("b", "h", split.part) if parts and nest == "keys" else \
             loops[:-1] + (tiled(jammed, rows),)
@@ -128,16 +121,15 @@ ATOMIC = (frozenset(), Layers(
 # threads): what `moagen tune` chose on the development machines at d 64 and 128. On a GPU
 # dQ keeps its pass (parts 0): that pass runs a thread per query row, the parts only one per
 # part of a head's keys
-def variants(causal: bool):
-    return {"atomic": ATOMIC,
-            "owner": Tunable(frozenset({"delta"}), partial(_owner, causal=causal),
-                             defaults={"rows": 4, "keys": 2, "parts": 1, "lanes": 16},
-                             space={"rows": (2, 4, 8), "keys": (1, 2, 4),
-                                    "parts": (0, 1, 2, 4), "lanes": (8, 16)},
-                             cuda={"keys": 4, "parts": 0, "lanes": 8})}
+VARIANTS = {"atomic": ATOMIC,
+            "owner": Tunable(frozenset({"delta"}), _owner,
+                             defaults={"rows": 4, "keys": 2, "parts": 1},
+                             space={"rows": (1, 2, 4, 8), "keys": (1, 2, 4),
+                                    "parts": (0, 1, 2, 4)},
+                             cuda={"keys": 4, "parts": 0})}
 
 
-KERNELS = [(spec(False), variants(False)), (spec(True), variants(True))]
+KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]
 
 # what verification and the benchmarks run these kernels on (moagen.kernels.cases)
 CHECKS = {name: Check(references(reference.attention_fwdbwd_numpy,
