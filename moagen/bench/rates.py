@@ -9,10 +9,20 @@ model does not describe."""
 def predicted(kernel: str, variant: str, sizes: dict, dtype: str, params=None):
     """(F, M, M_min) of one call with these schedule parameters: the one call to the cost
     model."""
-    from moagen.cost import predict, value
+    from moagen.cost import predict
     cost = predict(kernel, variant, dtype, params)
     env = cost.sizes_from(sizes)
-    return value(cost.flops, env), value(cost.M, env), value(cost.M_min, env)
+    return _at(cost.flops, env), _at(cost.M, env), _at(cost.M_min, env)
+
+
+def _at(expr, env):
+    """The count at these sizes, or None where the model has no closed form for it (the
+    causal flash's key blocks): the bench then reports the time alone."""
+    from moagen.cost.model import SizeError, value
+    try:
+        return value(expr, env)
+    except SizeError:
+        return None
 
 
 def with_rates(record: dict) -> dict:
@@ -20,6 +30,6 @@ def with_rates(record: dict) -> dict:
         return dict(record, flops=None, bytes=None, gflops=None, gbs=None)
     flops, nbytes, least = predicted(record["kernel"], record["variant"], record["sizes"],
                                      record["dtype"], record.get("params"))
-    time_s = record["median_s"]
-    return dict(record, flops=flops, bytes=nbytes, gflops=flops / time_s / 1e9,
-                gbs=nbytes / time_s / 1e9, min_bytes=least, min_gbs=least / time_s / 1e9)
+    per_second = lambda count: None if count is None else count / record["median_s"] / 1e9
+    return dict(record, flops=flops, bytes=nbytes, gflops=per_second(flops),
+                gbs=per_second(nbytes), min_bytes=least, min_gbs=per_second(least))

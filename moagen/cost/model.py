@@ -90,8 +90,11 @@ def _bytes(per_array, itemsize):
 
 
 def value(expr, env: Dict[sympy.Symbol, int]):
-    """expr at the given sizes: an int when whole."""
+    """expr at the given sizes: an int when whole. SizeError where it is no number there (a
+    count the model left in terms of a loop variable: a causal tile's key blocks)."""
     number = sympy.sympify(expr).xreplace({k: sympy.Integer(v) for k, v in env.items()}).doit()
+    if not (number.is_number and number.is_real):
+        raise SizeError(f"the cost model has no number for {expr} at {env}")
     return int(number) if number.is_Integer else float(number)
 
 
