@@ -84,8 +84,10 @@ def _parser():
     from moagen.cost.command import add_parser as add_cost_parser
     add_cost_parser(sub)  # `moagen cost`: F, M, scratch, atomics; measured with --measure, --cuda
 
+    # no abbreviations here: `bench memory --d 8` (the size d) would read as an ambiguous
+    # prefix of the sweep's own --dtype and --dry-run
     p = sub.add_parser("bench", help="benchmarks: the sweep (no BENCHMARK), memory, "
-                                     "atomics, topology, c-vs-fortran")
+                                     "atomics, topology, c-vs-fortran", allow_abbrev=False)
     bench = p.add_subparsers(required=False, metavar="BENCHMARK")
     from moagen.bench.commands import add_parsers
     add_parsers(p, bench, sub)  # the sweep's options, memory, the experiments, report, slurm

@@ -242,7 +242,7 @@ def test_the_block_is_its_stages_nests_in_order():
     assert list(dict.fromkeys(stages)) == [s.label for s in FORWARD.stages]
     attention = [n for n in onf.nests if n.label.startswith("attn.")]
     assert [n.label for n in attention] == ["attn." + n.label
-                                           for n in onf_of("attention_fwd", "online").nests]
+                                           for n in onf_of("attention_fwd", "flash").nests]
 
 
 def _broken(**changes):
