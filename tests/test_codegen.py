@@ -69,7 +69,8 @@ def test_each_nest_carries_a_summary_and_its_parallel_loop():
 @pytest.mark.parametrize("name", sorted(p.name for p in GENERATED.iterdir()))
 def test_generated_files_print_each_definition_once_and_no_run_on_names(name):
     """The DNF of every output once per file (the nests carry summaries), and no name a
-    collision made unreadable (t_0 taken: t_0b, not t_02)."""
+    collision made unreadable (t_0 taken: t_0b, not t_02; an index never starts with 0, so
+    a tile's lane 10 of row 0, qk_0_10, is a name of its own)."""
     text = (GENERATED / name).read_text()
     comment = r"^(?: \*|!) "
     stem_ = name.rsplit(".", 1)[0]
@@ -85,7 +86,7 @@ def test_generated_files_print_each_definition_once_and_no_run_on_names(name):
         assert len(re.findall(comment + re.escape(line) + "$", text, re.M)) == 1, (name, line)
     code = "\n".join(line for line in text.splitlines()
                      if not re.match(r"\s*(/\*|\*|!(?!\$omp))", line))
-    assert re.findall(r"\b[A-Za-z]\w*_\d\d\b", code) == []
+    assert re.findall(r"\b[A-Za-z]\w*_0\d+\b", code) == []
 
 
 def test_row_offsets_are_named_once_outside_the_vectorized_loops():
@@ -178,9 +179,9 @@ def test_unknown_language_and_dtype():
 
 def test_long_fortran_lines_wrap_at_one_indent():
     """A declaration of a thousand characters (eight rows unrolled declare many locals)."""
-    from moagen.codegen.fortran import LINE, _wrap
+    from moagen.codegen.fortran import LINE, wrap_statement
     line = "    real(c_double) :: " + ", ".join(f"row_max_{k}" for k in range(100))
-    out = _wrap(line)
+    out = wrap_statement(line)
     assert len(out) > 10 and all(len(piece) <= LINE for piece in out)
     assert all(piece.startswith("        & ") for piece in out[1:])
     assert [w for piece in out for w in piece.split() if w != "&"] == line.split()
