@@ -26,7 +26,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import Loop, ONF, Store, Update, find_nest, map_stmt_exprs, walk
+from moagen.onf.loops import (Loop, ONF, Store, Update, find_nest, map_stmt_exprs,
+                              rewrite_loops, walk)
 from moagen.onf.step import Step
 
 
@@ -41,27 +42,17 @@ class CausalBlocks(Step):
 
     def __call__(self, onf: ONF) -> ONF:
         nest = find_nest(onf, self.nest, self)
-        body, count = self._rewrite(nest.body)
+        body, count = rewrite_loops(nest.body, lambda loop: loop.var.name == self.blocks,
+                                    self._split)
         if not count:
             raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.blocks}")
-        return onf.with_nests([replace(n, body=tuple(body)) if n is nest else n
+        return onf.with_nests([replace(n, body=body) if n is nest else n
                                for n in onf.nests], str(self))
 
-    def _rewrite(self, stmts):
-        out, count = [], 0
-        for s in stmts:
-            if isinstance(s, Loop) and s.var.name == self.blocks:
-                first, last = self._bounds(s)
-                out += [replace(s, stop=first, body=tuple(_unmasked(s.body))),
-                        replace(s, start=first, stop=last)]
-                count += 1
-            elif isinstance(s, Loop):
-                body, inner = self._rewrite(s.body)
-                out.append(replace(s, body=tuple(body)))
-                count += inner
-            else:
-                out.append(s)
-        return out, count
+    def _split(self, blocks, scope):
+        first, last = self._bounds(blocks)
+        return [replace(blocks, stop=first, body=tuple(_unmasked(blocks.body))),
+                replace(blocks, start=first, stop=last)]
 
     def _bounds(self, blocks: Loop):
         """(the first block some row of the tile does not see whole, (min_r + 1) // B; the

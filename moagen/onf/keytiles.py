@@ -48,7 +48,7 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
 from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, find_nest, loop_vars,
-                              map_stmt_exprs, stmt_exprs, walk)
+                              map_stmt_exprs, rewrite_loops, stmt_exprs, walk)
 from moagen.onf.names import loop_role, nest_role
 from moagen.onf.reductions import require_lowered
 from moagen.onf.schedule import claim_loop, kernel_names
@@ -87,36 +87,20 @@ class _InnerLoops(Step):
         nest = find_nest(onf, self.nest, self)
         require_lowered(nest, self)
         work = _Work(onf, kernel_names(onf))
-        body, count = self._rewrite(nest.body, frozenset(), work)
+        body, count = rewrite_loops(
+            nest.body, lambda loop: loop.var.name == self.loop and self._selects(loop),
+            lambda loop, scope: self._tile(loop, scope, work))
         if not count:
             raise ScheduleError(f"{self}: nest {self.nest} has no {self._wanted}")
         nests = []
         for n in onf.nests:
-            if n is nest:
+            if n is nest:  # panels only KeyTiles makes
                 nests += [Nest(panel.name, copy, n.origin, self.packing(array))
                           for array, (panel, copy) in work.packs.items()]
-                n = replace(n, body=tuple(body))
+                n = replace(n, body=body)
             nests.append(n)
         temps = onf.temps + tuple(panel for panel, _ in work.packs.values())
         return replace(onf.with_nests(nests, str(self)), temps=temps)
-
-    def _rewrite(self, stmts, scope, work):
-        out, count = [], 0
-        for s in stmts:
-            if isinstance(s, Loop) and s.var.name == self.loop and self._selects(s):
-                out += self._tile(s, scope, work)
-                count += 1
-            elif isinstance(s, Loop):
-                body, inner = self._rewrite(s.body, scope | {s.var.name}, work)
-                out.append(replace(s, body=tuple(body)))
-                count += inner
-            else:
-                out.append(s)
-        return out, count
-
-    def packing(self, array: str) -> str:
-        """The nest it creates that copies `array` into panels."""
-        return nest_role(self.nest, f"pack_{array}")
 
 
 @dataclass(frozen=True)
@@ -133,6 +117,10 @@ class KeyTiles(_InnerLoops):
     def tiles(self) -> str:
         """The loops over tiles of `lanes` keys it creates (j_tile)."""
         return loop_role(self.loop, "tile")
+
+    def packing(self, array: str) -> str:
+        """The nest it creates that copies `array` into panels."""
+        return nest_role(self.nest, f"pack_{array}")
 
     @staticmethod
     def _selects(loop):

@@ -204,6 +204,24 @@ def scratch_row(who, hint, loops, size, names, temps) -> str:
     return name
 
 
+def rewrite_loops(stmts, selects, rewrite, scope=frozenset()):
+    """(stmts with every loop at any depth that `selects(loop)` accepts replaced by the
+    statements `rewrite(loop, scope)` returns, scope the names of the loops around it; how
+    many were rewritten). A rewritten loop's body is not searched further."""
+    out, count = [], 0
+    for s in stmts:
+        if isinstance(s, Loop) and selects(s):
+            out += rewrite(s, scope)
+            count += 1
+        elif isinstance(s, Loop):
+            body, inner = rewrite_loops(s.body, selects, rewrite, scope | {s.var.name})
+            out.append(replace(s, body=body))
+            count += inner
+        else:
+            out.append(s)
+    return tuple(out), count
+
+
 def walk(stmts):
     """Every statement, depth first, loops before their bodies."""
     for s in stmts:

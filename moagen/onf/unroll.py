@@ -27,7 +27,8 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
 from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, enclose, find_nest,
-                              loop_nest, loop_vars, map_stmt_exprs, stmt_exprs, subs_stmts, walk)
+                              loop_nest, loop_vars, map_stmt_exprs, rewrite_loops, stmt_exprs,
+                              subs_stmts, walk)
 from moagen.onf.names import loop_role, nest_role
 from moagen.onf.reductions import require_lowered
 from moagen.onf.schedule import claim_loop, kernel_names
@@ -223,26 +224,14 @@ class UnrollSum(Step):
             raise ScheduleError(f"{self}: the factor must be at least 2")
         nest = find_nest(onf, self.nest, self)
         names = kernel_names(onf)
-        body, unrolled = self._rewrite(nest.body, names, frozenset())
+        body, unrolled = rewrite_loops(
+            nest.body, lambda loop: loop.var.name == self.loop and summed_arrays(loop),
+            lambda loop, scope: self._unroll(loop, names, scope))
         if not unrolled:
             raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.loop} that "
                                 "adds into array elements it does not index")
         return onf.with_nests([replace(n, body=body) if n is nest else n for n in onf.nests],
                               str(self))
-
-    def _rewrite(self, stmts, names, scope):
-        out, unrolled = [], 0
-        for s in stmts:
-            if not isinstance(s, Loop):
-                out.append(s)
-            elif s.var.name == self.loop and summed_arrays(s):
-                out += self._unroll(s, names, scope)
-                unrolled += 1
-            else:
-                body, inner = self._rewrite(s.body, names, scope | {s.var.name})
-                out.append(replace(s, body=tuple(body)))
-                unrolled += inner
-        return out, unrolled
 
     def _unroll(self, loop, names, scope):
         summed = summed_arrays(loop)
