@@ -42,7 +42,7 @@ def run(args):
 
     kernel = get_kernel(args.kernel)
     if not hasattr(kernel, "spec"):
-        raise UnknownNameError(f"{args.kernel} is a composite: derive its stages' backwards")
+        return _composite(kernel, args)
     options = dict(declared().get(kernel.name, {}))
     if args.wrt:  # with the declared index names where there are some
         index = options.get("wrt") or {}
@@ -81,6 +81,35 @@ def run(args):
     print("no n x n temporary, no reduction recomputed per term")
     return 0
 
+
+def _composite(kernel, args):
+    """A composite's backward, derived by the chain rule over its stages
+    (moagen.kernels.chain) and registered as <composite>_vjp: its stages, each stage
+    kernel's backward derived (a <forward>_vjp) or written by hand."""
+    from moagen.kernels import ALIASES, get_kernel
+    from moagen.kernels.chain import role
+    from moagen.kernels.compose import format_stages
+
+    if args.wrt or args.cotangent or args.materialize or args.no_rewrites or args.shape:
+        raise UnknownNameError(f"{kernel.name} is a composite: its backward is derived by the "
+                               "chain rule over its stages; --wrt, --cotangent, --materialize, "
+                               "--no-rewrites and --shape apply to a kernel's spec")
+    name = ALIASES.get(f"{kernel.name}_vjp")
+    if name is None:
+        raise UnknownNameError(f"{kernel.name} declares no backward ({kernel.name}_vjp)")
+    derived = {target: alias for alias, target in ALIASES.items()}
+    backward = get_kernel(name).composite
+    print(f"{backward.name} (= {kernel.name}_vjp): derived from {kernel.name} by the chain rule "
+          "over its stages; gradients " + ", ".join(backward.outputs))
+    print(f"kept from the forward: {', '.join(kernel.composite.kept()) or '(none)'}")
+    for st in backward.stages:
+        how = {"sum": "sums a cotangent's terms", "recompute": "recomputes forward arrays",
+               "backward": f"derived ({derived.get(st.kernel)})" if st.kernel in derived
+               else "written by hand"}[role(st)]
+        print(f"  {st.label:<16} {st.kernel:<14} {how}")
+    print()
+    print(format_stages(backward, "shape", get_kernel), end="")
+    return 0
 
 
 def _stored(spec, registered):

@@ -15,6 +15,7 @@ from moagen import reference
 from moagen.kernels import attention
 from moagen.kernels.attention import CHECK_SIZES, ON_HEADS, K, Q, V, softmax_scale
 from moagen.kernels.cases import Check, references
+from moagen.kernels.chain import backward
 from moagen.kernels.layers import Layers, cpu
 from moagen.moa.expr import array, psi
 from moagen.moa.grad import grad
@@ -79,10 +80,14 @@ VARIANTS = {
                     Parallel(KEY_ROWS, nest=SCATTER_DK.zero), Parallel(KEY_ROWS, nest="dV")))),
 }
 
-KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]
+SPECS = (spec(False), spec(True))
+KERNELS = [(s, VARIANTS) for s in SPECS]
 # the names a derived backward has (moagen.kernels.ALIASES)
 ALIASES = {"attention_fwd_vjp": "attention_bwd",
            "attention_fwd_causal_vjp": "attention_bwd_causal"}
+# a stage's backward in a composite (moagen.kernels.chain)
+CHAIN = {attention.spec(causal).name: backward(attention.spec(causal), by, "dnf")
+         for causal, by in zip((False, True), SPECS)}
 
 
 def _forward_of(causal):

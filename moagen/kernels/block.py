@@ -5,16 +5,20 @@ block code is written by hand.
               attn, lse = attention(Q, K, V)
               resid = x + attn Wo         xn2 = rmsnorm(resid)
               y = resid + mlp(xn2)
-    backward  the chain rule through the same stages in reverse; xn1 and xn2 are
+    backward  derived: the chain rule through the same stages in reverse, each stage's
+              backward as its kernel declares it (moagen.kernels.chain); xn1 and xn2 are
               recomputed from x, resid and the kept per-row statistics, the MLP's V and H
-              from xn2 and U.
+              from xn2 and U; the residuals' cotangents summed.
 
-What the forward returns besides y is derived: the intermediates the backward reads.
+What the forward returns besides y is derived too: the intermediates the backward reads.
 """
 import math
+from dataclasses import replace
 
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
+from moagen.kernels import attention_bwd, mlp, projections, rmsnorm
+from moagen.kernels.chain import vjp
 from moagen.kernels.compose import Composite, Stage
 from moagen.kernels.rmsnorm import EPS, positive_eps, recomputing
 from moagen.moa.expr import array
@@ -26,12 +30,6 @@ WO = array("Wo", "heads", "dh", "dm")
 WG, WU = array("Wg", "dm", "dff"), array("Wu", "dm", "dff")
 WD = array("Wd", "dff", "dm")
 WEIGHTS = (NORM1, WQ, WK, WV, WO, NORM2, WG, WU, WD)
-HEADS = ("batch", "heads", "n", "dh")
-# what the backward is given from the forward pass
-KEPT = (array("inv_rms1", "batch", "n"), array("Q", *HEADS), array("K", *HEADS),
-        array("V", *HEADS), array("attn", *HEADS), array("lse", "batch", "heads", "n"),
-        array("resid", "batch", "n", "dm"), array("inv_rms2", "batch", "n"),
-        array("U", "batch", "n", "dff"))
 ON_MODEL = {"d": "dm"}  # RMSNorm's feature axis is the model axis
 ON_HEAD = {"d": "dh"}  # attention's feature axis is a head's
 
@@ -40,39 +38,7 @@ def _same(*names):
     return {name: name for name in names}
 
 
-BACKWARD = Composite(
-    name="block_bwd",
-    inputs=(X,) + WEIGHTS + KEPT + (array("dy", "batch", "n", "dm"),),
-    scalars=("scale",),
-    stages=(
-        Stage("norm2_apply", "rmsnorm_apply", "dnf",
-              {"x": "resid", "weight": "norm2", "inv_rms": "inv_rms2", "z": "xn2"}, ON_MODEL),
-        Stage("mlp", "mlp_bwd", "tiled",
-              {"X": "xn2", "U": "U", "dF": "dy", "dX": "dxn2", **_same("Wg", "Wu", "Wd", "dWg",
-                                                                      "dWu", "dWd")}),
-        Stage("norm2", "rmsnorm_bwd", "dnf",
-              {"x": "resid", "weight": "norm2", "inv_rms": "inv_rms2", "dz": "dxn2",
-               "dx": "dresid_norm", "dweight": "dnorm2"}, ON_MODEL),
-        Stage("add2", "residual_add", "dnf", {"x": "dy", "R": "dresid_norm", "y": "dresid"}),
-        Stage("out", "out_proj_bwd", "tiled",
-              {"O": "attn", "Wo": "Wo", "dY": "dresid", "dO": "dattn", "dWo": "dWo"}),
-        Stage("attn", "attention_bwd", "dnf",
-              {"O": "attn", "dO": "dattn", **_same("Q", "K", "V", "lse", "dQ", "dK", "dV")},
-              ON_HEAD),
-        Stage("norm1_apply", "rmsnorm_apply", "dnf",
-              {"x": "x", "weight": "norm1", "inv_rms": "inv_rms1", "z": "xn1"}, ON_MODEL),
-        Stage("qkv", "qkv_proj_bwd", "tiled",
-              {"X": "xn1", "dX": "dxn1", **_same("Wq", "Wk", "Wv", "dQ", "dK", "dV", "dWq",
-                                                 "dWk", "dWv")}),
-        Stage("norm1", "rmsnorm_bwd", "dnf",
-              {"x": "x", "weight": "norm1", "inv_rms": "inv_rms1", "dz": "dxn1",
-               "dx": "dx_norm", "dweight": "dnorm1"}, ON_MODEL),
-        Stage("add1", "residual_add", "dnf", {"x": "dresid", "R": "dx_norm", "y": "dx"}),
-    ),
-    outputs=("dx", "dnorm1", "dWq", "dWk", "dWv", "dWo", "dnorm2", "dWg", "dWu", "dWd"),
-)
-
-FORWARD = Composite(
+STAGES = Composite(
     name="block_fwd",
     inputs=(X,) + WEIGHTS,
     scalars=("eps", "scale"),
@@ -90,8 +56,14 @@ FORWARD = Composite(
         Stage("add", "residual_add", "dnf", {"x": "resid", "R": "mlp_out", "y": "y"}),
     ),
     outputs=("y",),
-    keep_for=BACKWARD,
 )
+# each stage's backward as its kernel declares it (CHAIN: the derived backward or the
+# written one, the pass-throughs, what is recomputed)
+STAGE_BACKWARDS = {**rmsnorm.CHAIN, **projections.CHAIN, **attention_bwd.CHAIN, **mlp.CHAIN}
+BACKWARD = vjp(STAGES, STAGE_BACKWARDS, projections.SUM, name="block_bwd")
+FORWARD = replace(STAGES, keep_for=BACKWARD)
+# the derived backward's name as the kernels' (moagen.kernels.ALIASES)
+ALIASES = {"block_fwd_vjp": "block_bwd"}
 
 
 KERNELS = [(FORWARD, None, positive_eps("block_fwd")), (BACKWARD, None)]

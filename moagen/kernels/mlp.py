@@ -17,6 +17,7 @@ runs over the rows in one fixed order.
 """
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
+from moagen.kernels.chain import backward
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from dataclasses import replace
@@ -156,9 +157,12 @@ BACKWARD_VARIANTS = {
     "tiled": _tunable(BACKWARD_TEMPS, BACKWARD),
 }
 
-KERNELS = [(forward_spec(), FORWARD_VARIANTS), (backward_spec(), BACKWARD_VARIANTS)]
+SPECS = (forward_spec(), backward_spec())
+KERNELS = [(SPECS[0], FORWARD_VARIANTS), (SPECS[1], BACKWARD_VARIANTS)]
 # the name a derived backward has (moagen.kernels.ALIASES)
 ALIASES = {"mlp_fwd_vjp": "mlp_bwd"}
+# a stage's backward in a composite (moagen.kernels.chain)
+CHAIN = {"mlp_fwd": backward(*SPECS, "tiled")}
 
 
 def _forward_u(arrays, scalars):

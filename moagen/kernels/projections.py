@@ -13,6 +13,7 @@ its rows is first stored transposed, once, so that every tile reads contiguous r
 """
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
+from moagen.kernels.chain import backward, summing
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.mlp import TILE_DEFAULTS
 from moagen.moa.expr import array, inner, lift, named, psi, reduce, transpose
@@ -146,8 +147,18 @@ ADD = KernelSpec(name="residual_add", inputs=(RESIDUAL, R), scalars=(),
                  outputs=(Output("y", RESIDUAL + R, ("b", "i", "m")),))
 ROWS = Layers(mapping=cpu(Parallel(("b", "i"))))
 
-KERNELS = [(QKV, QKV_VARIANTS), (_qkv_backward(), QKV_BWD_VARIANTS), (OUT, OUT_VARIANTS),
-           (_out_backward(), OUT_BWD_VARIANTS), (ADD, {"dnf": (frozenset(), ROWS)})]
+QKV_BWD, OUT_BWD = _qkv_backward(), _out_backward()
+KERNELS = [(QKV, QKV_VARIANTS), (QKV_BWD, QKV_BWD_VARIANTS), (OUT, OUT_VARIANTS),
+           (OUT_BWD, OUT_BWD_VARIANTS), (ADD, {"dnf": (frozenset(), ROWS)})]
+# a stage's backward in a composite (moagen.kernels.chain): the projections' written by
+# hand (moagen.moa.grad has no rule yet for qkv_proj's per-head view of a weight, a
+# transpose indexed, nor for out_proj's sum over a Lift of heads); a residual's gradient is
+# the cotangent of the sum it is in
+CHAIN = {"qkv_proj": backward(QKV, QKV_BWD, "tiled"),
+         "out_proj": backward(OUT, OUT_BWD, "tiled", passes={"R": "Y"}),
+         "residual_add": backward(ADD, passes={"x": "y", "R": "y"})}
+# what adds two terms of a cotangent
+SUM = summing(ADD, "dnf", x="x", r="R")
 
 # What verification and the benchmarks run these kernels on (moagen.kernels.cases).
 CHECK_SIZES = (dict(batch=1, n=1, dm=3, heads=1, dh=2), dict(batch=2, n=7, dm=13, heads=3, dh=5),

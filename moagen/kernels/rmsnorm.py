@@ -14,6 +14,7 @@ import numpy as np
 
 from moagen import reference_block
 from moagen.kernels.cases import Bench, Check, references
+from moagen.kernels.chain import backward
 from moagen.kernels.layers import Layers, cpu
 from moagen.onf.gpu_blocks import GpuBlocks
 from moagen.kernels.tunable import Tunable
@@ -112,8 +113,9 @@ APPLY = KernelSpec(
                     ("b", "i", "c")),),
 )
 
+BACKWARD = _backward("rmsnorm_bwd")
 KERNELS = [(FORWARD, FORWARD_VARIANTS, positive_eps("rmsnorm_fwd")),
-           (_backward("rmsnorm_bwd"), BACKWARD_VARIANTS),
+           (BACKWARD, BACKWARD_VARIANTS),
            (APPLY, {"dnf": (frozenset(), Layers(mapping=cpu(Parallel(ROWS))))})]
 
 # What verification and the benchmarks run these kernels on (moagen.kernels.cases).
@@ -156,3 +158,6 @@ BENCH = {"rmsnorm_fwd": ROWS_OF_1024.measured_against(
              "rmsnorm_apply", "z = x * inv_rms * weight, two products")}
 # the name a derived backward has (moagen.kernels.ALIASES)
 ALIASES = {"rmsnorm_fwd_vjp": "rmsnorm_bwd"}
+# a stage's backward in a composite (moagen.kernels.chain): z recomputed from the kept
+# statistic rather than kept
+CHAIN = {"rmsnorm_fwd": backward(FORWARD, BACKWARD, "dnf", recompute=(APPLY, "dnf"))}
