@@ -1713,12 +1713,12 @@ void block_bwd_composed_f64(
             for (int64_t i = 0; i < n; ++i) {
                 const int64_t dattn_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double yw = 0.0;
-                    #pragma omp simd reduction(+:yw)
+                    double dywo = 0.0;
+                    #pragma omp simd reduction(+:dywo)
                     for (int64_t m = 0; m < dm; ++m) {
-                        yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
+                        dywo += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
                     }
-                    dattn[dattn_row + c] = yw;
+                    dattn[dattn_row + c] = dywo;
                 }
             }
         }
@@ -1906,16 +1906,16 @@ void block_bwd_composed_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                double batches = 0.0;
+                double over_b = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
-                    double oy = 0.0;
-                    #pragma omp simd reduction(+:oy)
+                    double ody = 0.0;
+                    #pragma omp simd reduction(+:ody)
                     for (int64_t i = 0; i < n; ++i) {
-                        oy += attn[c + dh*(i + n*(b*heads + h))] * dresid[dm*(b*n + i) + m];
+                        ody += attn[c + dh*(i + n*(b*heads + h))] * dresid[dm*(b*n + i) + m];
                     }
-                    batches += oy;
+                    over_b += ody;
                 }
-                dWo[dm*(c + dh*h) + m] = batches;
+                dWo[dm*(c + dh*h) + m] = over_b;
             }
         }
     }
@@ -2310,19 +2310,19 @@ void block_bwd_composed_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                double heads_sum = 0.0;
+                double over_h = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
                     const int64_t dQ_row = dh*(i + n*(b*heads + h));
                     const int64_t dK_row = dh*(i + n*(b*heads + h));
                     const int64_t dV_row = dh*(i + n*(b*heads + h));
-                    double gw = 0.0;
-                    #pragma omp simd reduction(+:gw)
+                    double dqwq = 0.0;
+                    #pragma omp simd reduction(+:dqwq)
                     for (int64_t c = 0; c < dh; ++c) {
-                        gw += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
+                        dqwq += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
                     }
-                    heads_sum += gw;
+                    over_h += dqwq;
                 }
-                dxn1[dm*(b*n + i) + m] = heads_sum;
+                dxn1[dm*(b*n + i) + m] = over_h;
             }
         }
     }
@@ -2511,16 +2511,16 @@ void block_bwd_composed_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
+                double over_b = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
+                    double xdq = 0.0;
+                    #pragma omp simd reduction(+:xdq)
                     for (int64_t i = 0; i < n; ++i) {
-                        xg += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                        xdq += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
                     }
-                    batches += xg;
+                    over_b += xdq;
                 }
-                dWq[c + dh*(h + heads*m)] = batches;
+                dWq[c + dh*(h + heads*m)] = over_b;
             }
         }
     }
@@ -2709,16 +2709,16 @@ void block_bwd_composed_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
+                double over_b = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
+                    double xdk = 0.0;
+                    #pragma omp simd reduction(+:xdk)
                     for (int64_t i = 0; i < n; ++i) {
-                        xg += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                        xdk += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
                     }
-                    batches += xg;
+                    over_b += xdk;
                 }
-                dWk[c + dh*(h + heads*m)] = batches;
+                dWk[c + dh*(h + heads*m)] = over_b;
             }
         }
     }
@@ -2907,16 +2907,16 @@ void block_bwd_composed_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
+                double over_b = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
+                    double xdv = 0.0;
+                    #pragma omp simd reduction(+:xdv)
                     for (int64_t i = 0; i < n; ++i) {
-                        xg += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                        xdv += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
                     }
-                    batches += xg;
+                    over_b += xdv;
                 }
-                dWv[c + dh*(h + heads*m)] = batches;
+                dWv[c + dh*(h + heads*m)] = over_b;
             }
         }
     }
@@ -4591,12 +4591,12 @@ void block_bwd_composed_f32(
             for (int64_t i = 0; i < n; ++i) {
                 const int64_t dattn_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    float yw = 0.0f;
-                    #pragma omp simd reduction(+:yw)
+                    float dywo = 0.0f;
+                    #pragma omp simd reduction(+:dywo)
                     for (int64_t m = 0; m < dm; ++m) {
-                        yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
+                        dywo += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
                     }
-                    dattn[dattn_row + c] = yw;
+                    dattn[dattn_row + c] = dywo;
                 }
             }
         }
@@ -4784,16 +4784,16 @@ void block_bwd_composed_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                float batches = 0.0f;
+                float over_b = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
-                    float oy = 0.0f;
-                    #pragma omp simd reduction(+:oy)
+                    float ody = 0.0f;
+                    #pragma omp simd reduction(+:ody)
                     for (int64_t i = 0; i < n; ++i) {
-                        oy += attn[c + dh*(i + n*(b*heads + h))] * dresid[dm*(b*n + i) + m];
+                        ody += attn[c + dh*(i + n*(b*heads + h))] * dresid[dm*(b*n + i) + m];
                     }
-                    batches += oy;
+                    over_b += ody;
                 }
-                dWo[dm*(c + dh*h) + m] = batches;
+                dWo[dm*(c + dh*h) + m] = over_b;
             }
         }
     }
@@ -5188,19 +5188,19 @@ void block_bwd_composed_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                float heads_sum = 0.0f;
+                float over_h = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
                     const int64_t dQ_row = dh*(i + n*(b*heads + h));
                     const int64_t dK_row = dh*(i + n*(b*heads + h));
                     const int64_t dV_row = dh*(i + n*(b*heads + h));
-                    float gw = 0.0f;
-                    #pragma omp simd reduction(+:gw)
+                    float dqwq = 0.0f;
+                    #pragma omp simd reduction(+:dqwq)
                     for (int64_t c = 0; c < dh; ++c) {
-                        gw += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
+                        dqwq += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
                     }
-                    heads_sum += gw;
+                    over_h += dqwq;
                 }
-                dxn1[dm*(b*n + i) + m] = heads_sum;
+                dxn1[dm*(b*n + i) + m] = over_h;
             }
         }
     }
@@ -5389,16 +5389,16 @@ void block_bwd_composed_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                float batches = 0.0f;
+                float over_b = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
-                    float xg = 0.0f;
-                    #pragma omp simd reduction(+:xg)
+                    float xdq = 0.0f;
+                    #pragma omp simd reduction(+:xdq)
                     for (int64_t i = 0; i < n; ++i) {
-                        xg += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                        xdq += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
                     }
-                    batches += xg;
+                    over_b += xdq;
                 }
-                dWq[c + dh*(h + heads*m)] = batches;
+                dWq[c + dh*(h + heads*m)] = over_b;
             }
         }
     }
@@ -5587,16 +5587,16 @@ void block_bwd_composed_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                float batches = 0.0f;
+                float over_b = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
-                    float xg = 0.0f;
-                    #pragma omp simd reduction(+:xg)
+                    float xdk = 0.0f;
+                    #pragma omp simd reduction(+:xdk)
                     for (int64_t i = 0; i < n; ++i) {
-                        xg += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                        xdk += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
                     }
-                    batches += xg;
+                    over_b += xdk;
                 }
-                dWk[c + dh*(h + heads*m)] = batches;
+                dWk[c + dh*(h + heads*m)] = over_b;
             }
         }
     }
@@ -5785,16 +5785,16 @@ void block_bwd_composed_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                float batches = 0.0f;
+                float over_b = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
-                    float xg = 0.0f;
-                    #pragma omp simd reduction(+:xg)
+                    float xdv = 0.0f;
+                    #pragma omp simd reduction(+:xdv)
                     for (int64_t i = 0; i < n; ++i) {
-                        xg += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                        xdv += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
                     }
-                    batches += xg;
+                    over_b += xdv;
                 }
-                dWv[c + dh*(h + heads*m)] = batches;
+                dWv[c + dh*(h + heads*m)] = over_b;
             }
         }
     }

@@ -4436,11 +4436,11 @@ __global__ void block_bwd_composed_f64_out_dO_edge(
     const int64_t b = (tid / (heads*n));
     const int64_t dattn_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        double yw = 0.0;
+        double dywo = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
+            dywo += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
         }
-        dattn[dattn_row + c] = yw;
+        dattn[dattn_row + c] = dywo;
     }
 }
 
@@ -4874,15 +4874,15 @@ __global__ void block_bwd_composed_f64_out_dWo_edge(
     const int64_t c = tid % dh;
     const int64_t h = (tid / dh);
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-        double batches = 0.0;
+        double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
-            double oy = 0.0;
+            double ody = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                oy += attn[c + dh*(i + n*(b*heads + h))] * dresid[dm*(b*n + i) + m];
+                ody += attn[c + dh*(i + n*(b*heads + h))] * dresid[dm*(b*n + i) + m];
             }
-            batches += oy;
+            over_b += ody;
         }
-        dWo[dm*(c + dh*h) + m] = batches;
+        dWo[dm*(c + dh*h) + m] = over_b;
     }
 }
 
@@ -6337,18 +6337,18 @@ __global__ void block_bwd_composed_f64_qkv_dX_edge(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-        double heads_sum = 0.0;
+        double over_h = 0.0;
         for (int64_t h = 0; h < heads; ++h) {
             const int64_t dQ_row = dh*(i + n*(b*heads + h));
             const int64_t dK_row = dh*(i + n*(b*heads + h));
             const int64_t dV_row = dh*(i + n*(b*heads + h));
-            double gw = 0.0;
+            double dqwq = 0.0;
             for (int64_t c = 0; c < dh; ++c) {
-                gw += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
+                dqwq += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
             }
-            heads_sum += gw;
+            over_h += dqwq;
         }
-        dxn1[dm*(b*n + i) + m] = heads_sum;
+        dxn1[dm*(b*n + i) + m] = over_h;
     }
 }
 
@@ -6784,15 +6784,15 @@ __global__ void block_bwd_composed_f64_qkv_dWq_edge(
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        double batches = 0.0;
+        double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
-            double xg = 0.0;
+            double xdq = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                xg += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                xdq += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
             }
-            batches += xg;
+            over_b += xdq;
         }
-        dWq[c + dh*(h + heads*m)] = batches;
+        dWq[c + dh*(h + heads*m)] = over_b;
     }
 }
 
@@ -7228,15 +7228,15 @@ __global__ void block_bwd_composed_f64_qkv_dWk_edge(
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        double batches = 0.0;
+        double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
-            double xg = 0.0;
+            double xdk = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                xg += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                xdk += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
             }
-            batches += xg;
+            over_b += xdk;
         }
-        dWk[c + dh*(h + heads*m)] = batches;
+        dWk[c + dh*(h + heads*m)] = over_b;
     }
 }
 
@@ -7672,15 +7672,15 @@ __global__ void block_bwd_composed_f64_qkv_dWv_edge(
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        double batches = 0.0;
+        double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
-            double xg = 0.0;
+            double xdv = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                xg += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                xdv += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
             }
-            batches += xg;
+            over_b += xdv;
         }
-        dWv[c + dh*(h + heads*m)] = batches;
+        dWv[c + dh*(h + heads*m)] = over_b;
     }
 }
 
@@ -12969,11 +12969,11 @@ __global__ void block_bwd_composed_f32_out_dO_edge(
     const int64_t b = (tid / (heads*n));
     const int64_t dattn_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        float yw = 0.0f;
+        float dywo = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
+            dywo += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
         }
-        dattn[dattn_row + c] = yw;
+        dattn[dattn_row + c] = dywo;
     }
 }
 
@@ -13407,15 +13407,15 @@ __global__ void block_bwd_composed_f32_out_dWo_edge(
     const int64_t c = tid % dh;
     const int64_t h = (tid / dh);
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-        float batches = 0.0f;
+        float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
-            float oy = 0.0f;
+            float ody = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                oy += attn[c + dh*(i + n*(b*heads + h))] * dresid[dm*(b*n + i) + m];
+                ody += attn[c + dh*(i + n*(b*heads + h))] * dresid[dm*(b*n + i) + m];
             }
-            batches += oy;
+            over_b += ody;
         }
-        dWo[dm*(c + dh*h) + m] = batches;
+        dWo[dm*(c + dh*h) + m] = over_b;
     }
 }
 
@@ -14870,18 +14870,18 @@ __global__ void block_bwd_composed_f32_qkv_dX_edge(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-        float heads_sum = 0.0f;
+        float over_h = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
             const int64_t dQ_row = dh*(i + n*(b*heads + h));
             const int64_t dK_row = dh*(i + n*(b*heads + h));
             const int64_t dV_row = dh*(i + n*(b*heads + h));
-            float gw = 0.0f;
+            float dqwq = 0.0f;
             for (int64_t c = 0; c < dh; ++c) {
-                gw += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
+                dqwq += dQ[dQ_row + c] * qkv_WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * qkv_WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * qkv_WvT[dm*(c + dh*h) + m];
             }
-            heads_sum += gw;
+            over_h += dqwq;
         }
-        dxn1[dm*(b*n + i) + m] = heads_sum;
+        dxn1[dm*(b*n + i) + m] = over_h;
     }
 }
 
@@ -15317,15 +15317,15 @@ __global__ void block_bwd_composed_f32_qkv_dWq_edge(
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        float batches = 0.0f;
+        float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
-            float xg = 0.0f;
+            float xdq = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                xg += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                xdq += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
             }
-            batches += xg;
+            over_b += xdq;
         }
-        dWq[c + dh*(h + heads*m)] = batches;
+        dWq[c + dh*(h + heads*m)] = over_b;
     }
 }
 
@@ -15761,15 +15761,15 @@ __global__ void block_bwd_composed_f32_qkv_dWk_edge(
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        float batches = 0.0f;
+        float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
-            float xg = 0.0f;
+            float xdk = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                xg += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                xdk += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
             }
-            batches += xg;
+            over_b += xdk;
         }
-        dWk[c + dh*(h + heads*m)] = batches;
+        dWk[c + dh*(h + heads*m)] = over_b;
     }
 }
 
@@ -16205,15 +16205,15 @@ __global__ void block_bwd_composed_f32_qkv_dWv_edge(
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        float batches = 0.0f;
+        float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
-            float xg = 0.0f;
+            float xdv = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                xg += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                xdv += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
             }
-            batches += xg;
+            over_b += xdv;
         }
-        dWv[c + dh*(h + heads*m)] = batches;
+        dWv[c + dh*(h + heads*m)] = over_b;
     }
 }
 

@@ -191,7 +191,7 @@ contains
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfwd, xu, t, acc, over_b, total, t2, dweight_sum, &
-        & yw, batches, oy, rowdot, qk, dov, t3, heads_sum, gw, xg
+        & dywo, ody, rowdot, qk, dov, t3, over_h, dqwq, xdq, xdk, xdv
 
     ! norm2_recompute.z: reads norm2, resid, inv_rms2; scratch xn2
     ! for b, i (parallel) / c (simd)
@@ -1995,18 +1995,18 @@ contains
     !$omp end parallel do
     ! out.dO.edge: scratch dattn, dresid, out_WoT
     ! for b, h, i (parallel) / c / m (simd)
-    !$omp parallel do collapse(3) schedule(static) private(c, m, dattn_row, yw)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, dattn_row, dywo)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
           dattn_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
-            yw = 0.0_c_double
-            !$omp simd reduction(+:yw)
+            dywo = 0.0_c_double
+            !$omp simd reduction(+:dywo)
             do m = 0, dm - 1
-              yw = yw + dresid(dm*(b*n + i) + m) * out_WoT(c + dh*(dm*h + m))
+              dywo = dywo + dresid(dm*(b*n + i) + m) * out_WoT(c + dh*(dm*h + m))
             end do
-            dattn(dattn_row + c) = yw
+            dattn(dattn_row + c) = dywo
           end do
         end do
       end do
@@ -2243,20 +2243,20 @@ contains
     !$omp end parallel do
     ! out.dWo.edge: writes dWo; reads attn; scratch dresid
     ! for h, c (parallel) / m / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(m, b, i, batches, oy)
+    !$omp parallel do collapse(2) schedule(static) private(m, b, i, over_b, ody)
     do h = 0, heads - 1
       do c = 0, dh - 1
         do m = 8*((dm) / 8), dm - 1
-          batches = 0.0_c_double
+          over_b = 0.0_c_double
           do b = 0, batch - 1
-            oy = 0.0_c_double
-            !$omp simd reduction(+:oy)
+            ody = 0.0_c_double
+            !$omp simd reduction(+:ody)
             do i = 0, n - 1
-              oy = oy + attn(c + dh*(i + n*(b*heads + h))) * dresid(dm*(b*n + i) + m)
+              ody = ody + attn(c + dh*(i + n*(b*heads + h))) * dresid(dm*(b*n + i) + m)
             end do
-            batches = batches + oy
+            over_b = over_b + ody
           end do
-          dWo(dm*(c + dh*h) + m) = batches
+          dWo(dm*(c + dh*h) + m) = over_b
         end do
       end do
     end do
@@ -2759,24 +2759,24 @@ contains
     ! qkv.dX.edge: scratch dxn1, dQ, qkv_WqT, dK, qkv_WkT, dV, qkv_WvT
     ! for b, i (parallel) / m / h / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(m, h, c, dQ_row, dK_row, dV_row, &
-    !$omp& heads_sum, gw)
+    !$omp& over_h, dqwq)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 8*((dm) / 8), dm - 1
-          heads_sum = 0.0_c_double
+          over_h = 0.0_c_double
           do h = 0, heads - 1
             dQ_row = dh*(i + n*(b*heads + h))
             dK_row = dh*(i + n*(b*heads + h))
             dV_row = dh*(i + n*(b*heads + h))
-            gw = 0.0_c_double
-            !$omp simd reduction(+:gw)
+            dqwq = 0.0_c_double
+            !$omp simd reduction(+:dqwq)
             do c = 0, dh - 1
-              gw = gw + dQ(dQ_row + c) * qkv_WqT(dm*(c + dh*h) + m) + dK(dK_row + c) * &
+              dqwq = dqwq + dQ(dQ_row + c) * qkv_WqT(dm*(c + dh*h) + m) + dK(dK_row + c) * &
                   & qkv_WkT(dm*(c + dh*h) + m) + dV(dV_row + c) * qkv_WvT(dm*(c + dh*h) + m)
             end do
-            heads_sum = heads_sum + gw
+            over_h = over_h + dqwq
           end do
-          dxn1(dm*(b*n + i) + m) = heads_sum
+          dxn1(dm*(b*n + i) + m) = over_h
         end do
       end do
     end do
@@ -3015,20 +3015,20 @@ contains
     !$omp end parallel do
     ! qkv.dWq.edge: writes dWq; scratch xn1, dQ
     ! for h, m (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
+    !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdq)
     do h = 0, heads - 1
       do m = 0, dm - 1
         do c = 8*((dh) / 8), dh - 1
-          batches = 0.0_c_double
+          over_b = 0.0_c_double
           do b = 0, batch - 1
-            xg = 0.0_c_double
-            !$omp simd reduction(+:xg)
+            xdq = 0.0_c_double
+            !$omp simd reduction(+:xdq)
             do i = 0, n - 1
-              xg = xg + xn1(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
+              xdq = xdq + xn1(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
             end do
-            batches = batches + xg
+            over_b = over_b + xdq
           end do
-          dWq(c + dh*(h + heads*m)) = batches
+          dWq(c + dh*(h + heads*m)) = over_b
         end do
       end do
     end do
@@ -3267,20 +3267,20 @@ contains
     !$omp end parallel do
     ! qkv.dWk.edge: writes dWk; scratch xn1, dK
     ! for h, m (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
+    !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdk)
     do h = 0, heads - 1
       do m = 0, dm - 1
         do c = 8*((dh) / 8), dh - 1
-          batches = 0.0_c_double
+          over_b = 0.0_c_double
           do b = 0, batch - 1
-            xg = 0.0_c_double
-            !$omp simd reduction(+:xg)
+            xdk = 0.0_c_double
+            !$omp simd reduction(+:xdk)
             do i = 0, n - 1
-              xg = xg + xn1(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
+              xdk = xdk + xn1(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
             end do
-            batches = batches + xg
+            over_b = over_b + xdk
           end do
-          dWk(c + dh*(h + heads*m)) = batches
+          dWk(c + dh*(h + heads*m)) = over_b
         end do
       end do
     end do
@@ -3519,20 +3519,20 @@ contains
     !$omp end parallel do
     ! qkv.dWv.edge: writes dWv; scratch xn1, dV
     ! for h, m (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
+    !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdv)
     do h = 0, heads - 1
       do m = 0, dm - 1
         do c = 8*((dh) / 8), dh - 1
-          batches = 0.0_c_double
+          over_b = 0.0_c_double
           do b = 0, batch - 1
-            xg = 0.0_c_double
-            !$omp simd reduction(+:xg)
+            xdv = 0.0_c_double
+            !$omp simd reduction(+:xdv)
             do i = 0, n - 1
-              xg = xg + xn1(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
+              xdv = xdv + xn1(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
             end do
-            batches = batches + xg
+            over_b = over_b + xdv
           end do
-          dWv(c + dh*(h + heads*m)) = batches
+          dWv(c + dh*(h + heads*m)) = over_b
         end do
       end do
     end do
@@ -3693,7 +3693,7 @@ contains
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfwd, xu, t, acc, over_b, total, t2, dweight_sum, &
-        & yw, batches, oy, rowdot, qk, dov, t3, heads_sum, gw, xg
+        & dywo, ody, rowdot, qk, dov, t3, over_h, dqwq, xdq, xdk, xdv
 
     ! norm2_recompute.z: reads norm2, resid, inv_rms2; scratch xn2
     ! for b, i (parallel) / c (simd)
@@ -5497,18 +5497,18 @@ contains
     !$omp end parallel do
     ! out.dO.edge: scratch dattn, dresid, out_WoT
     ! for b, h, i (parallel) / c / m (simd)
-    !$omp parallel do collapse(3) schedule(static) private(c, m, dattn_row, yw)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, dattn_row, dywo)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
           dattn_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
-            yw = 0.0_c_float
-            !$omp simd reduction(+:yw)
+            dywo = 0.0_c_float
+            !$omp simd reduction(+:dywo)
             do m = 0, dm - 1
-              yw = yw + dresid(dm*(b*n + i) + m) * out_WoT(c + dh*(dm*h + m))
+              dywo = dywo + dresid(dm*(b*n + i) + m) * out_WoT(c + dh*(dm*h + m))
             end do
-            dattn(dattn_row + c) = yw
+            dattn(dattn_row + c) = dywo
           end do
         end do
       end do
@@ -5745,20 +5745,20 @@ contains
     !$omp end parallel do
     ! out.dWo.edge: writes dWo; reads attn; scratch dresid
     ! for h, c (parallel) / m / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(m, b, i, batches, oy)
+    !$omp parallel do collapse(2) schedule(static) private(m, b, i, over_b, ody)
     do h = 0, heads - 1
       do c = 0, dh - 1
         do m = 8*((dm) / 8), dm - 1
-          batches = 0.0_c_float
+          over_b = 0.0_c_float
           do b = 0, batch - 1
-            oy = 0.0_c_float
-            !$omp simd reduction(+:oy)
+            ody = 0.0_c_float
+            !$omp simd reduction(+:ody)
             do i = 0, n - 1
-              oy = oy + attn(c + dh*(i + n*(b*heads + h))) * dresid(dm*(b*n + i) + m)
+              ody = ody + attn(c + dh*(i + n*(b*heads + h))) * dresid(dm*(b*n + i) + m)
             end do
-            batches = batches + oy
+            over_b = over_b + ody
           end do
-          dWo(dm*(c + dh*h) + m) = batches
+          dWo(dm*(c + dh*h) + m) = over_b
         end do
       end do
     end do
@@ -6261,24 +6261,24 @@ contains
     ! qkv.dX.edge: scratch dxn1, dQ, qkv_WqT, dK, qkv_WkT, dV, qkv_WvT
     ! for b, i (parallel) / m / h / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(m, h, c, dQ_row, dK_row, dV_row, &
-    !$omp& heads_sum, gw)
+    !$omp& over_h, dqwq)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 8*((dm) / 8), dm - 1
-          heads_sum = 0.0_c_float
+          over_h = 0.0_c_float
           do h = 0, heads - 1
             dQ_row = dh*(i + n*(b*heads + h))
             dK_row = dh*(i + n*(b*heads + h))
             dV_row = dh*(i + n*(b*heads + h))
-            gw = 0.0_c_float
-            !$omp simd reduction(+:gw)
+            dqwq = 0.0_c_float
+            !$omp simd reduction(+:dqwq)
             do c = 0, dh - 1
-              gw = gw + dQ(dQ_row + c) * qkv_WqT(dm*(c + dh*h) + m) + dK(dK_row + c) * &
+              dqwq = dqwq + dQ(dQ_row + c) * qkv_WqT(dm*(c + dh*h) + m) + dK(dK_row + c) * &
                   & qkv_WkT(dm*(c + dh*h) + m) + dV(dV_row + c) * qkv_WvT(dm*(c + dh*h) + m)
             end do
-            heads_sum = heads_sum + gw
+            over_h = over_h + dqwq
           end do
-          dxn1(dm*(b*n + i) + m) = heads_sum
+          dxn1(dm*(b*n + i) + m) = over_h
         end do
       end do
     end do
@@ -6517,20 +6517,20 @@ contains
     !$omp end parallel do
     ! qkv.dWq.edge: writes dWq; scratch xn1, dQ
     ! for h, m (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
+    !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdq)
     do h = 0, heads - 1
       do m = 0, dm - 1
         do c = 8*((dh) / 8), dh - 1
-          batches = 0.0_c_float
+          over_b = 0.0_c_float
           do b = 0, batch - 1
-            xg = 0.0_c_float
-            !$omp simd reduction(+:xg)
+            xdq = 0.0_c_float
+            !$omp simd reduction(+:xdq)
             do i = 0, n - 1
-              xg = xg + xn1(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
+              xdq = xdq + xn1(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
             end do
-            batches = batches + xg
+            over_b = over_b + xdq
           end do
-          dWq(c + dh*(h + heads*m)) = batches
+          dWq(c + dh*(h + heads*m)) = over_b
         end do
       end do
     end do
@@ -6769,20 +6769,20 @@ contains
     !$omp end parallel do
     ! qkv.dWk.edge: writes dWk; scratch xn1, dK
     ! for h, m (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
+    !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdk)
     do h = 0, heads - 1
       do m = 0, dm - 1
         do c = 8*((dh) / 8), dh - 1
-          batches = 0.0_c_float
+          over_b = 0.0_c_float
           do b = 0, batch - 1
-            xg = 0.0_c_float
-            !$omp simd reduction(+:xg)
+            xdk = 0.0_c_float
+            !$omp simd reduction(+:xdk)
             do i = 0, n - 1
-              xg = xg + xn1(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
+              xdk = xdk + xn1(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
             end do
-            batches = batches + xg
+            over_b = over_b + xdk
           end do
-          dWk(c + dh*(h + heads*m)) = batches
+          dWk(c + dh*(h + heads*m)) = over_b
         end do
       end do
     end do
@@ -7021,20 +7021,20 @@ contains
     !$omp end parallel do
     ! qkv.dWv.edge: writes dWv; scratch xn1, dV
     ! for h, m (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
+    !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdv)
     do h = 0, heads - 1
       do m = 0, dm - 1
         do c = 8*((dh) / 8), dh - 1
-          batches = 0.0_c_float
+          over_b = 0.0_c_float
           do b = 0, batch - 1
-            xg = 0.0_c_float
-            !$omp simd reduction(+:xg)
+            xdv = 0.0_c_float
+            !$omp simd reduction(+:xdv)
             do i = 0, n - 1
-              xg = xg + xn1(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
+              xdv = xdv + xn1(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
             end do
-            batches = batches + xg
+            over_b = over_b + xdv
           end do
-          dWv(c + dh*(h + heads*m)) = batches
+          dWv(c + dh*(h + heads*m)) = over_b
         end do
       end do
     end do

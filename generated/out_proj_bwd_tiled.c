@@ -231,12 +231,12 @@ void out_proj_bwd_tiled_f64(
             for (int64_t i = 0; i < n; ++i) {
                 const int64_t dO_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double yw = 0.0;
-                    #pragma omp simd reduction(+:yw)
+                    double dywo = 0.0;
+                    #pragma omp simd reduction(+:dywo)
                     for (int64_t m = 0; m < dm; ++m) {
-                        yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
+                        dywo += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
                     }
-                    dO[dO_row + c] = yw;
+                    dO[dO_row + c] = dywo;
                 }
             }
         }
@@ -424,16 +424,16 @@ void out_proj_bwd_tiled_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                double batches = 0.0;
+                double over_b = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
-                    double oy = 0.0;
-                    #pragma omp simd reduction(+:oy)
+                    double ody = 0.0;
+                    #pragma omp simd reduction(+:ody)
                     for (int64_t i = 0; i < n; ++i) {
-                        oy += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
+                        ody += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
                     }
-                    batches += oy;
+                    over_b += ody;
                 }
-                dWo[dm*(c + dh*h) + m] = batches;
+                dWo[dm*(c + dh*h) + m] = over_b;
             }
         }
     }
@@ -657,12 +657,12 @@ void out_proj_bwd_tiled_f32(
             for (int64_t i = 0; i < n; ++i) {
                 const int64_t dO_row = dh*(i + n*(b*heads + h));
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    float yw = 0.0f;
-                    #pragma omp simd reduction(+:yw)
+                    float dywo = 0.0f;
+                    #pragma omp simd reduction(+:dywo)
                     for (int64_t m = 0; m < dm; ++m) {
-                        yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
+                        dywo += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
                     }
-                    dO[dO_row + c] = yw;
+                    dO[dO_row + c] = dywo;
                 }
             }
         }
@@ -850,16 +850,16 @@ void out_proj_bwd_tiled_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                float batches = 0.0f;
+                float over_b = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
-                    float oy = 0.0f;
-                    #pragma omp simd reduction(+:oy)
+                    float ody = 0.0f;
+                    #pragma omp simd reduction(+:ody)
                     for (int64_t i = 0; i < n; ++i) {
-                        oy += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
+                        ody += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
                     }
-                    batches += oy;
+                    over_b += ody;
                 }
-                dWo[dm*(c + dh*h) + m] = batches;
+                dWo[dm*(c + dh*h) + m] = over_b;
             }
         }
     }

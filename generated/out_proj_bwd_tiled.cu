@@ -288,11 +288,11 @@ __global__ void out_proj_bwd_tiled_f64_dO_edge(
     const int64_t b = (tid / (heads*n));
     const int64_t dO_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        double yw = 0.0;
+        double dywo = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
+            dywo += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
         }
-        dO[dO_row + c] = yw;
+        dO[dO_row + c] = dywo;
     }
 }
 
@@ -528,15 +528,15 @@ __global__ void out_proj_bwd_tiled_f64_dWo_edge(
     const int64_t c = tid % dh;
     const int64_t h = (tid / dh);
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-        double batches = 0.0;
+        double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
-            double oy = 0.0;
+            double ody = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                oy += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
+                ody += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
             }
-            batches += oy;
+            over_b += ody;
         }
-        dWo[dm*(c + dh*h) + m] = batches;
+        dWo[dm*(c + dh*h) + m] = over_b;
     }
 }
 
@@ -892,11 +892,11 @@ __global__ void out_proj_bwd_tiled_f32_dO_edge(
     const int64_t b = (tid / (heads*n));
     const int64_t dO_row = dh*(i + n*(b*heads + h));
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        float yw = 0.0f;
+        float dywo = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
+            dywo += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
         }
-        dO[dO_row + c] = yw;
+        dO[dO_row + c] = dywo;
     }
 }
 
@@ -1132,15 +1132,15 @@ __global__ void out_proj_bwd_tiled_f32_dWo_edge(
     const int64_t c = tid % dh;
     const int64_t h = (tid / dh);
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-        float batches = 0.0f;
+        float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
-            float oy = 0.0f;
+            float ody = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                oy += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
+                ody += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
             }
-            batches += oy;
+            over_b += ody;
         }
-        dWo[dm*(c + dh*h) + m] = batches;
+        dWo[dm*(c + dh*h) + m] = over_b;
     }
 }
 

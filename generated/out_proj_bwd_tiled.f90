@@ -33,7 +33,7 @@ contains
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
-        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, yw, batches, oy
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dywo, over_b, ody
 
     ! WoT: reads Wo; scratch WoT
     ! for h (parallel) / m / c (simd)
@@ -278,18 +278,18 @@ contains
     !$omp end parallel do
     ! dO.edge: writes dO; reads dY; scratch WoT
     ! for b, h, i (parallel) / c / m (simd)
-    !$omp parallel do collapse(3) schedule(static) private(c, m, dO_row, yw)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, dO_row, dywo)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
           dO_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
-            yw = 0.0_c_double
-            !$omp simd reduction(+:yw)
+            dywo = 0.0_c_double
+            !$omp simd reduction(+:dywo)
             do m = 0, dm - 1
-              yw = yw + dY(dm*(b*n + i) + m) * WoT(c + dh*(dm*h + m))
+              dywo = dywo + dY(dm*(b*n + i) + m) * WoT(c + dh*(dm*h + m))
             end do
-            dO(dO_row + c) = yw
+            dO(dO_row + c) = dywo
           end do
         end do
       end do
@@ -526,20 +526,20 @@ contains
     !$omp end parallel do
     ! dWo.edge: writes dWo; reads O, dY
     ! for h, c (parallel) / m / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(m, b, i, batches, oy)
+    !$omp parallel do collapse(2) schedule(static) private(m, b, i, over_b, ody)
     do h = 0, heads - 1
       do c = 0, dh - 1
         do m = 8*((dm) / 8), dm - 1
-          batches = 0.0_c_double
+          over_b = 0.0_c_double
           do b = 0, batch - 1
-            oy = 0.0_c_double
-            !$omp simd reduction(+:oy)
+            ody = 0.0_c_double
+            !$omp simd reduction(+:ody)
             do i = 0, n - 1
-              oy = oy + O(c + dh*(i + n*(b*heads + h))) * dY(dm*(b*n + i) + m)
+              ody = ody + O(c + dh*(i + n*(b*heads + h))) * dY(dm*(b*n + i) + m)
             end do
-            batches = batches + oy
+            over_b = over_b + ody
           end do
-          dWo(dm*(c + dh*h) + m) = batches
+          dWo(dm*(c + dh*h) + m) = over_b
         end do
       end do
     end do
@@ -565,7 +565,7 @@ contains
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
-        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, yw, batches, oy
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dywo, over_b, ody
 
     ! WoT: reads Wo; scratch WoT
     ! for h (parallel) / m / c (simd)
@@ -810,18 +810,18 @@ contains
     !$omp end parallel do
     ! dO.edge: writes dO; reads dY; scratch WoT
     ! for b, h, i (parallel) / c / m (simd)
-    !$omp parallel do collapse(3) schedule(static) private(c, m, dO_row, yw)
+    !$omp parallel do collapse(3) schedule(static) private(c, m, dO_row, dywo)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
           dO_row = dh*(i + n*(b*heads + h))
           do c = 8*((dh) / 8), dh - 1
-            yw = 0.0_c_float
-            !$omp simd reduction(+:yw)
+            dywo = 0.0_c_float
+            !$omp simd reduction(+:dywo)
             do m = 0, dm - 1
-              yw = yw + dY(dm*(b*n + i) + m) * WoT(c + dh*(dm*h + m))
+              dywo = dywo + dY(dm*(b*n + i) + m) * WoT(c + dh*(dm*h + m))
             end do
-            dO(dO_row + c) = yw
+            dO(dO_row + c) = dywo
           end do
         end do
       end do
@@ -1058,20 +1058,20 @@ contains
     !$omp end parallel do
     ! dWo.edge: writes dWo; reads O, dY
     ! for h, c (parallel) / m / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(m, b, i, batches, oy)
+    !$omp parallel do collapse(2) schedule(static) private(m, b, i, over_b, ody)
     do h = 0, heads - 1
       do c = 0, dh - 1
         do m = 8*((dm) / 8), dm - 1
-          batches = 0.0_c_float
+          over_b = 0.0_c_float
           do b = 0, batch - 1
-            oy = 0.0_c_float
-            !$omp simd reduction(+:oy)
+            ody = 0.0_c_float
+            !$omp simd reduction(+:ody)
             do i = 0, n - 1
-              oy = oy + O(c + dh*(i + n*(b*heads + h))) * dY(dm*(b*n + i) + m)
+              ody = ody + O(c + dh*(i + n*(b*heads + h))) * dY(dm*(b*n + i) + m)
             end do
-            batches = batches + oy
+            over_b = over_b + ody
           end do
-          dWo(dm*(c + dh*h) + m) = batches
+          dWo(dm*(c + dh*h) + m) = over_b
         end do
       end do
     end do

@@ -316,19 +316,19 @@ void qkv_proj_bwd_tiled_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                double heads_sum = 0.0;
+                double over_h = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
                     const int64_t dQ_row = dh*(i + n*(b*heads + h));
                     const int64_t dK_row = dh*(i + n*(b*heads + h));
                     const int64_t dV_row = dh*(i + n*(b*heads + h));
-                    double gw = 0.0;
-                    #pragma omp simd reduction(+:gw)
+                    double dqwq = 0.0;
+                    #pragma omp simd reduction(+:dqwq)
                     for (int64_t c = 0; c < dh; ++c) {
-                        gw += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
+                        dqwq += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
                     }
-                    heads_sum += gw;
+                    over_h += dqwq;
                 }
-                dX[dm*(b*n + i) + m] = heads_sum;
+                dX[dm*(b*n + i) + m] = over_h;
             }
         }
     }
@@ -517,16 +517,16 @@ void qkv_proj_bwd_tiled_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
+                double over_b = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
+                    double xdq = 0.0;
+                    #pragma omp simd reduction(+:xdq)
                     for (int64_t i = 0; i < n; ++i) {
-                        xg += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                        xdq += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
                     }
-                    batches += xg;
+                    over_b += xdq;
                 }
-                dWq[c + dh*(h + heads*m)] = batches;
+                dWq[c + dh*(h + heads*m)] = over_b;
             }
         }
     }
@@ -715,16 +715,16 @@ void qkv_proj_bwd_tiled_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
+                double over_b = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
+                    double xdk = 0.0;
+                    #pragma omp simd reduction(+:xdk)
                     for (int64_t i = 0; i < n; ++i) {
-                        xg += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                        xdk += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
                     }
-                    batches += xg;
+                    over_b += xdk;
                 }
-                dWk[c + dh*(h + heads*m)] = batches;
+                dWk[c + dh*(h + heads*m)] = over_b;
             }
         }
     }
@@ -913,16 +913,16 @@ void qkv_proj_bwd_tiled_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
+                double over_b = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
+                    double xdv = 0.0;
+                    #pragma omp simd reduction(+:xdv)
                     for (int64_t i = 0; i < n; ++i) {
-                        xg += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                        xdv += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
                     }
-                    batches += xg;
+                    over_b += xdv;
                 }
-                dWv[c + dh*(h + heads*m)] = batches;
+                dWv[c + dh*(h + heads*m)] = over_b;
             }
         }
     }
@@ -1225,19 +1225,19 @@ void qkv_proj_bwd_tiled_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                float heads_sum = 0.0f;
+                float over_h = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
                     const int64_t dQ_row = dh*(i + n*(b*heads + h));
                     const int64_t dK_row = dh*(i + n*(b*heads + h));
                     const int64_t dV_row = dh*(i + n*(b*heads + h));
-                    float gw = 0.0f;
-                    #pragma omp simd reduction(+:gw)
+                    float dqwq = 0.0f;
+                    #pragma omp simd reduction(+:dqwq)
                     for (int64_t c = 0; c < dh; ++c) {
-                        gw += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
+                        dqwq += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
                     }
-                    heads_sum += gw;
+                    over_h += dqwq;
                 }
-                dX[dm*(b*n + i) + m] = heads_sum;
+                dX[dm*(b*n + i) + m] = over_h;
             }
         }
     }
@@ -1426,16 +1426,16 @@ void qkv_proj_bwd_tiled_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                float batches = 0.0f;
+                float over_b = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
-                    float xg = 0.0f;
-                    #pragma omp simd reduction(+:xg)
+                    float xdq = 0.0f;
+                    #pragma omp simd reduction(+:xdq)
                     for (int64_t i = 0; i < n; ++i) {
-                        xg += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                        xdq += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
                     }
-                    batches += xg;
+                    over_b += xdq;
                 }
-                dWq[c + dh*(h + heads*m)] = batches;
+                dWq[c + dh*(h + heads*m)] = over_b;
             }
         }
     }
@@ -1624,16 +1624,16 @@ void qkv_proj_bwd_tiled_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                float batches = 0.0f;
+                float over_b = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
-                    float xg = 0.0f;
-                    #pragma omp simd reduction(+:xg)
+                    float xdk = 0.0f;
+                    #pragma omp simd reduction(+:xdk)
                     for (int64_t i = 0; i < n; ++i) {
-                        xg += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                        xdk += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
                     }
-                    batches += xg;
+                    over_b += xdk;
                 }
-                dWk[c + dh*(h + heads*m)] = batches;
+                dWk[c + dh*(h + heads*m)] = over_b;
             }
         }
     }
@@ -1822,16 +1822,16 @@ void qkv_proj_bwd_tiled_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
             for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                float batches = 0.0f;
+                float over_b = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
-                    float xg = 0.0f;
-                    #pragma omp simd reduction(+:xg)
+                    float xdv = 0.0f;
+                    #pragma omp simd reduction(+:xdv)
                     for (int64_t i = 0; i < n; ++i) {
-                        xg += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                        xdv += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
                     }
-                    batches += xg;
+                    over_b += xdv;
                 }
-                dWv[c + dh*(h + heads*m)] = batches;
+                dWv[c + dh*(h + heads*m)] = over_b;
             }
         }
     }

@@ -525,18 +525,18 @@ __global__ void qkv_proj_bwd_tiled_f64_dX_edge(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-        double heads_sum = 0.0;
+        double over_h = 0.0;
         for (int64_t h = 0; h < heads; ++h) {
             const int64_t dQ_row = dh*(i + n*(b*heads + h));
             const int64_t dK_row = dh*(i + n*(b*heads + h));
             const int64_t dV_row = dh*(i + n*(b*heads + h));
-            double gw = 0.0;
+            double dqwq = 0.0;
             for (int64_t c = 0; c < dh; ++c) {
-                gw += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
+                dqwq += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
             }
-            heads_sum += gw;
+            over_h += dqwq;
         }
-        dX[dm*(b*n + i) + m] = heads_sum;
+        dX[dm*(b*n + i) + m] = over_h;
     }
 }
 
@@ -810,15 +810,15 @@ __global__ void qkv_proj_bwd_tiled_f64_dWq_edge(
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        double batches = 0.0;
+        double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
-            double xg = 0.0;
+            double xdq = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                xg += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                xdq += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
             }
-            batches += xg;
+            over_b += xdq;
         }
-        dWq[c + dh*(h + heads*m)] = batches;
+        dWq[c + dh*(h + heads*m)] = over_b;
     }
 }
 
@@ -1092,15 +1092,15 @@ __global__ void qkv_proj_bwd_tiled_f64_dWk_edge(
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        double batches = 0.0;
+        double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
-            double xg = 0.0;
+            double xdk = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                xg += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                xdk += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
             }
-            batches += xg;
+            over_b += xdk;
         }
-        dWk[c + dh*(h + heads*m)] = batches;
+        dWk[c + dh*(h + heads*m)] = over_b;
     }
 }
 
@@ -1374,15 +1374,15 @@ __global__ void qkv_proj_bwd_tiled_f64_dWv_edge(
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        double batches = 0.0;
+        double over_b = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
-            double xg = 0.0;
+            double xdv = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                xg += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                xdv += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
             }
-            batches += xg;
+            over_b += xdv;
         }
-        dWv[c + dh*(h + heads*m)] = batches;
+        dWv[c + dh*(h + heads*m)] = over_b;
     }
 }
 
@@ -2071,18 +2071,18 @@ __global__ void qkv_proj_bwd_tiled_f32_dX_edge(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-        float heads_sum = 0.0f;
+        float over_h = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
             const int64_t dQ_row = dh*(i + n*(b*heads + h));
             const int64_t dK_row = dh*(i + n*(b*heads + h));
             const int64_t dV_row = dh*(i + n*(b*heads + h));
-            float gw = 0.0f;
+            float dqwq = 0.0f;
             for (int64_t c = 0; c < dh; ++c) {
-                gw += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
+                dqwq += dQ[dQ_row + c] * WqT[dm*(c + dh*h) + m] + dK[dK_row + c] * WkT[dm*(c + dh*h) + m] + dV[dV_row + c] * WvT[dm*(c + dh*h) + m];
             }
-            heads_sum += gw;
+            over_h += dqwq;
         }
-        dX[dm*(b*n + i) + m] = heads_sum;
+        dX[dm*(b*n + i) + m] = over_h;
     }
 }
 
@@ -2356,15 +2356,15 @@ __global__ void qkv_proj_bwd_tiled_f32_dWq_edge(
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        float batches = 0.0f;
+        float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
-            float xg = 0.0f;
+            float xdq = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                xg += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                xdq += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
             }
-            batches += xg;
+            over_b += xdq;
         }
-        dWq[c + dh*(h + heads*m)] = batches;
+        dWq[c + dh*(h + heads*m)] = over_b;
     }
 }
 
@@ -2638,15 +2638,15 @@ __global__ void qkv_proj_bwd_tiled_f32_dWk_edge(
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        float batches = 0.0f;
+        float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
-            float xg = 0.0f;
+            float xdk = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                xg += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                xdk += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
             }
-            batches += xg;
+            over_b += xdk;
         }
-        dWk[c + dh*(h + heads*m)] = batches;
+        dWk[c + dh*(h + heads*m)] = over_b;
     }
 }
 
@@ -2920,15 +2920,15 @@ __global__ void qkv_proj_bwd_tiled_f32_dWv_edge(
     const int64_t m = tid % dm;
     const int64_t h = (tid / dm);
     for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-        float batches = 0.0f;
+        float over_b = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
-            float xg = 0.0f;
+            float xdv = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                xg += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                xdv += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
             }
-            batches += xg;
+            over_b += xdv;
         }
-        dWv[c + dh*(h + heads*m)] = batches;
+        dWv[c + dh*(h + heads*m)] = over_b;
     }
 }
 

@@ -54,7 +54,7 @@ contains
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
-        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, heads_sum, gw, batches, xg
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, over_h, dqwq, over_b, xdq, xdk, xdv
 
     ! WqT: reads Wq; scratch WqT
     ! for h (parallel) / c / m (simd)
@@ -424,24 +424,24 @@ contains
     ! dX.edge: writes dX; reads dQ, dK, dV; scratch WqT, WkT, WvT
     ! for b, i (parallel) / m / h / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(m, h, c, dQ_row, dK_row, dV_row, &
-    !$omp& heads_sum, gw)
+    !$omp& over_h, dqwq)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 8*((dm) / 8), dm - 1
-          heads_sum = 0.0_c_double
+          over_h = 0.0_c_double
           do h = 0, heads - 1
             dQ_row = dh*(i + n*(b*heads + h))
             dK_row = dh*(i + n*(b*heads + h))
             dV_row = dh*(i + n*(b*heads + h))
-            gw = 0.0_c_double
-            !$omp simd reduction(+:gw)
+            dqwq = 0.0_c_double
+            !$omp simd reduction(+:dqwq)
             do c = 0, dh - 1
-              gw = gw + dQ(dQ_row + c) * WqT(dm*(c + dh*h) + m) + dK(dK_row + c) * WkT(dm*(c + &
-                  & dh*h) + m) + dV(dV_row + c) * WvT(dm*(c + dh*h) + m)
+              dqwq = dqwq + dQ(dQ_row + c) * WqT(dm*(c + dh*h) + m) + dK(dK_row + c) * WkT(dm*(c &
+                  & + dh*h) + m) + dV(dV_row + c) * WvT(dm*(c + dh*h) + m)
             end do
-            heads_sum = heads_sum + gw
+            over_h = over_h + dqwq
           end do
-          dX(dm*(b*n + i) + m) = heads_sum
+          dX(dm*(b*n + i) + m) = over_h
         end do
       end do
     end do
@@ -679,20 +679,20 @@ contains
     !$omp end parallel do
     ! dWq.edge: writes dWq; reads X, dQ
     ! for h, m (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
+    !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdq)
     do h = 0, heads - 1
       do m = 0, dm - 1
         do c = 8*((dh) / 8), dh - 1
-          batches = 0.0_c_double
+          over_b = 0.0_c_double
           do b = 0, batch - 1
-            xg = 0.0_c_double
-            !$omp simd reduction(+:xg)
+            xdq = 0.0_c_double
+            !$omp simd reduction(+:xdq)
             do i = 0, n - 1
-              xg = xg + X(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
+              xdq = xdq + X(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
             end do
-            batches = batches + xg
+            over_b = over_b + xdq
           end do
-          dWq(c + dh*(h + heads*m)) = batches
+          dWq(c + dh*(h + heads*m)) = over_b
         end do
       end do
     end do
@@ -930,20 +930,20 @@ contains
     !$omp end parallel do
     ! dWk.edge: writes dWk; reads X, dK
     ! for h, m (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
+    !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdk)
     do h = 0, heads - 1
       do m = 0, dm - 1
         do c = 8*((dh) / 8), dh - 1
-          batches = 0.0_c_double
+          over_b = 0.0_c_double
           do b = 0, batch - 1
-            xg = 0.0_c_double
-            !$omp simd reduction(+:xg)
+            xdk = 0.0_c_double
+            !$omp simd reduction(+:xdk)
             do i = 0, n - 1
-              xg = xg + X(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
+              xdk = xdk + X(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
             end do
-            batches = batches + xg
+            over_b = over_b + xdk
           end do
-          dWk(c + dh*(h + heads*m)) = batches
+          dWk(c + dh*(h + heads*m)) = over_b
         end do
       end do
     end do
@@ -1181,20 +1181,20 @@ contains
     !$omp end parallel do
     ! dWv.edge: writes dWv; reads X, dV
     ! for h, m (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
+    !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdv)
     do h = 0, heads - 1
       do m = 0, dm - 1
         do c = 8*((dh) / 8), dh - 1
-          batches = 0.0_c_double
+          over_b = 0.0_c_double
           do b = 0, batch - 1
-            xg = 0.0_c_double
-            !$omp simd reduction(+:xg)
+            xdv = 0.0_c_double
+            !$omp simd reduction(+:xdv)
             do i = 0, n - 1
-              xg = xg + X(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
+              xdv = xdv + X(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
             end do
-            batches = batches + xg
+            over_b = over_b + xdv
           end do
-          dWv(c + dh*(h + heads*m)) = batches
+          dWv(c + dh*(h + heads*m)) = over_b
         end do
       end do
     end do
@@ -1235,7 +1235,7 @@ contains
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
-        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, heads_sum, gw, batches, xg
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, over_h, dqwq, over_b, xdq, xdk, xdv
 
     ! WqT: reads Wq; scratch WqT
     ! for h (parallel) / c / m (simd)
@@ -1605,24 +1605,24 @@ contains
     ! dX.edge: writes dX; reads dQ, dK, dV; scratch WqT, WkT, WvT
     ! for b, i (parallel) / m / h / c (simd)
     !$omp parallel do collapse(2) schedule(static) private(m, h, c, dQ_row, dK_row, dV_row, &
-    !$omp& heads_sum, gw)
+    !$omp& over_h, dqwq)
     do b = 0, batch - 1
       do i = 0, n - 1
         do m = 8*((dm) / 8), dm - 1
-          heads_sum = 0.0_c_float
+          over_h = 0.0_c_float
           do h = 0, heads - 1
             dQ_row = dh*(i + n*(b*heads + h))
             dK_row = dh*(i + n*(b*heads + h))
             dV_row = dh*(i + n*(b*heads + h))
-            gw = 0.0_c_float
-            !$omp simd reduction(+:gw)
+            dqwq = 0.0_c_float
+            !$omp simd reduction(+:dqwq)
             do c = 0, dh - 1
-              gw = gw + dQ(dQ_row + c) * WqT(dm*(c + dh*h) + m) + dK(dK_row + c) * WkT(dm*(c + &
-                  & dh*h) + m) + dV(dV_row + c) * WvT(dm*(c + dh*h) + m)
+              dqwq = dqwq + dQ(dQ_row + c) * WqT(dm*(c + dh*h) + m) + dK(dK_row + c) * WkT(dm*(c &
+                  & + dh*h) + m) + dV(dV_row + c) * WvT(dm*(c + dh*h) + m)
             end do
-            heads_sum = heads_sum + gw
+            over_h = over_h + dqwq
           end do
-          dX(dm*(b*n + i) + m) = heads_sum
+          dX(dm*(b*n + i) + m) = over_h
         end do
       end do
     end do
@@ -1860,20 +1860,20 @@ contains
     !$omp end parallel do
     ! dWq.edge: writes dWq; reads X, dQ
     ! for h, m (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
+    !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdq)
     do h = 0, heads - 1
       do m = 0, dm - 1
         do c = 8*((dh) / 8), dh - 1
-          batches = 0.0_c_float
+          over_b = 0.0_c_float
           do b = 0, batch - 1
-            xg = 0.0_c_float
-            !$omp simd reduction(+:xg)
+            xdq = 0.0_c_float
+            !$omp simd reduction(+:xdq)
             do i = 0, n - 1
-              xg = xg + X(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
+              xdq = xdq + X(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
             end do
-            batches = batches + xg
+            over_b = over_b + xdq
           end do
-          dWq(c + dh*(h + heads*m)) = batches
+          dWq(c + dh*(h + heads*m)) = over_b
         end do
       end do
     end do
@@ -2111,20 +2111,20 @@ contains
     !$omp end parallel do
     ! dWk.edge: writes dWk; reads X, dK
     ! for h, m (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
+    !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdk)
     do h = 0, heads - 1
       do m = 0, dm - 1
         do c = 8*((dh) / 8), dh - 1
-          batches = 0.0_c_float
+          over_b = 0.0_c_float
           do b = 0, batch - 1
-            xg = 0.0_c_float
-            !$omp simd reduction(+:xg)
+            xdk = 0.0_c_float
+            !$omp simd reduction(+:xdk)
             do i = 0, n - 1
-              xg = xg + X(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
+              xdk = xdk + X(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
             end do
-            batches = batches + xg
+            over_b = over_b + xdk
           end do
-          dWk(c + dh*(h + heads*m)) = batches
+          dWk(c + dh*(h + heads*m)) = over_b
         end do
       end do
     end do
@@ -2362,20 +2362,20 @@ contains
     !$omp end parallel do
     ! dWv.edge: writes dWv; reads X, dV
     ! for h, m (parallel) / c / b / i (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, b, i, batches, xg)
+    !$omp parallel do collapse(2) schedule(static) private(c, b, i, over_b, xdv)
     do h = 0, heads - 1
       do m = 0, dm - 1
         do c = 8*((dh) / 8), dh - 1
-          batches = 0.0_c_float
+          over_b = 0.0_c_float
           do b = 0, batch - 1
-            xg = 0.0_c_float
-            !$omp simd reduction(+:xg)
+            xdv = 0.0_c_float
+            !$omp simd reduction(+:xdv)
             do i = 0, n - 1
-              xg = xg + X(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
+              xdv = xdv + X(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
             end do
-            batches = batches + xg
+            over_b = over_b + xdv
           end do
-          dWv(c + dh*(h + heads*m)) = batches
+          dWv(c + dh*(h + heads*m)) = over_b
         end do
       end do
     end do

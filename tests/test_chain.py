@@ -93,4 +93,5 @@ def test_moagen_grad_of_a_composite_says_how_each_stage_is_differentiated(capsys
     rows = {line.split()[0]: line.split(None, 2)[2] for line in out.splitlines()
             if line.startswith("  ") and len(line.split()) >= 3}
     assert rows["attn"] == "derived (attention_fwd_vjp)"
-    assert rows["qkv"] == "written by hand" and rows["sum_x"] == "sums a cotangent's terms"
+    assert rows["qkv"] == "derived (qkv_proj_vjp)" and rows["sum_x"] == "sums a cotangent's terms"
+    assert rows["norm1_recompute"] == "recomputes forward arrays"

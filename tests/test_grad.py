@@ -14,7 +14,8 @@ from moagen.kernels.attention_bwd import VJP as ATTENTION_VJP
 from moagen.moa import expr as E
 from moagen.moa.dnf import psi_reduce
 from moagen.moa.grad import derive, grad
-from moagen.moa.rewrites import NAMES, quadratic_temporaries, recomputed_reductions
+from moagen.moa.rewrites import (NAMES, quadratic_temporaries, recomputed_reductions,
+                                  split_sums)
 from moagen.moa.shape import shape_of
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.interpret import evaluate_dnf
@@ -51,6 +52,13 @@ FORWARDS = {
     "softmax": E.inner(E.named("probs", _softmax(E.inner(A, E.transpose(A))), ("i", "j")), A),
     "lift, psi, a weight shared by rows": E.lift(
         ("b",), ("batch",), E.inner(E.psi(("b",), E.array("x", "batch", "m", "k")), B) * 2.0),
+    # a Lift inside the body summed over (the heads of a batch entry), a weight per head
+    "an inner lift, summed": E.lift(("b",), ("batch",), E.reduce("+", E.lift(
+        ("h",), ("p",), E.inner(E.psi(("b", "h"), E.array("x", "batch", "p", "m", "k")),
+                                E.psi(("h",), E.array("wh", "p", "k", "m")))), axis=0, var="h")),
+    # an input read through a transpose: a per-batch slice of t's second axis
+    "psi of a transposed input": E.lift(("b",), ("batch",), E.inner(
+        A, E.psi(("b",), E.transpose(E.array("t", "k", "batch", "p"), (1, 0, 2))))),
 }
 
 
@@ -177,7 +185,8 @@ def test_grad_command_prints_rewrites_dnf_and_the_check(capsys):
 
 @pytest.mark.parametrize("value, options, message", [
     (E.reduce("max", A, axis=1), {}, "argmax"),
-    (E.psi(("i",), E.transpose(A)), {}, "of a computed array has no adjoint rule"),
+    (E.psi(("i",), A * 2.0), {}, "of a computed array has no adjoint rule"),
+    (E.psi(("i",), E.transpose(A)), {}, "only an index of the lift variables"),
     (E.BinOp("max", A, A), {}, "no adjoint rule for BinOp(max)"),
     (A * 2.0, {"wrt": ["z"]}, "wrt ['z'] are not inputs"),
     (A * 2.0, {"cotangents": ["z"]}, "cotangents for ['z']"),
@@ -195,3 +204,16 @@ def test_a_vjp_name_verifies_the_kernel_it_names():
     rows = list(verify.run(["rmsnorm_fwd_vjp"], langs=("c",), variants=["dnf"],
                            dtypes=("float64",)))
     assert rows and all(r.kernel == "rmsnorm_bwd" and r.status == "pass" for r in rows)
+
+
+def test_split_sums_gives_one_reduction_per_term_of_the_same_value():
+    x = E.array("x", "batch", "m", "k")
+    terms = (E.psi(("b",), x), E.psi(("b",), x) * 2.0, E.exp(E.psi(("b",), x)))
+    total = E.reduce("+", E.lift(("b",), ("batch",), terms[0] + (terms[1] + terms[2])), axis=0,
+                     var="b")
+    split = split_sums(total)
+    assert isinstance(split, E.BinOp) and \
+        sum(isinstance(n, E.Reduce) for n in E.walk(split)) == 3
+    arrays = {"x": np.random.default_rng(3).standard_normal((2, 3, 4))}
+    np.testing.assert_allclose(_run(_spec(split), arrays, {})["y"],
+                               _run(_spec(total), arrays, {})["y"], rtol=1e-14)

@@ -8,15 +8,20 @@ Wq, Wk, Wv (dm, heads, dh) and Wo (heads, dh, dm). Per (batch, head):
     dX = sum_h (dQ Wq^T + dK Wk^T + dV Wv^T)[h],  dWq[:, h, :] = sum_b X^T dQ[h]
     dO[h] = dY Wo[h]^T,                     dWo[h] = sum_b O[h]^T dY
 
-Every product is register tiled (moagen.onf.tiling); a weight that would be read across
-its rows is first stored transposed, once, so that every tile reads contiguous rows.
+The backwards are derived from the forwards (moagen.moa.grad). Every product is register
+tiled (moagen.onf.tiling); a weight that would be read across its rows is first stored
+transposed, once, so that every tile reads contiguous rows.
 """
+from dataclasses import replace
+
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward, summing
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.mlp import TILE_DEFAULTS
 from moagen.moa.expr import array, inner, lift, named, psi, reduce, transpose
+from moagen.moa.grad import grad
+from moagen.moa.rewrites import split_sums, substitute
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.schedule import Parallel, Reorder
 from moagen.onf.tiling import RegisterTile
@@ -28,8 +33,6 @@ R = array("R", "batch", "n", "dm")
 WQ, WK, WV = (array(w, "dm", "heads", "dh") for w in ("Wq", "Wk", "Wv"))
 WO = array("Wo", "heads", "dh", "dm")
 O = array("O", "batch", "heads", "n", "dh")
-DQ, DK, DV = (array(g, "batch", "heads", "n", "dh") for g in ("dQ", "dK", "dV"))
-DY = array("dY", "batch", "n", "dm")
 BH, BH_EXTENTS = ("b", "h"), ("batch", "heads")
 HEAD_ROWS = ("b", "h", "i", "c")  # an array of per-head rows
 
@@ -42,10 +45,6 @@ def _per_head(w):
 def _sum_heads(per_head):
     """sum_h of a per-head (n, dm) product, inside a batch entry."""
     return reduce("+", lift(("h",), ("heads",), per_head), axis=0, var="h", name="heads_sum")
-
-
-def _sum_batch(per_batch, name):
-    return reduce("+", lift(("b",), ("batch",), per_batch), axis=0, var="b", name=name)
 
 
 def _row_tiles(nest, cols, outer=None):
@@ -81,31 +80,29 @@ QKV = KernelSpec(
 QKV_VARIANTS = {"tiled": (frozenset(), _layers(*(_row_tiles(o, "c") for o in ("Q", "K", "V"))))}
 
 
-def _weight_grad(x, grad):
-    """dW[:, h, :] = sum over (batch, row) of X^T dY[h]: (dm, heads, dh)."""
-    per_head = lift(("h",), ("heads",), _sum_batch(
-        inner(transpose(psi(("b",), x)), psi(("b", "h"), grad), var="i", name="xg"), "batches"))
-    return transpose(per_head, (1, 0, 2))
+# how the backwards are derived (moagen.moa.grad; `moagen grad qkv_proj`): dX and each
+# weight's gradient, the residual R passed through (its gradient is dY itself)
+WEIGHT_INDEX = ("m", "h", "c")
+VJP = {"qkv_proj": dict(wrt={"X": ("b", "i", "m"), "Wq": WEIGHT_INDEX, "Wk": WEIGHT_INDEX,
+                             "Wv": WEIGHT_INDEX}),
+       "out_proj": dict(wrt={"O": HEAD_ROWS, "Wo": ("h", "c", "m")}, cotangents=("Y",))}
 
 
-def _qkv_backward():
-    transposed = {w.name: named(f"{w.name}T", transpose(w, (1, 2, 0)), index=("h", "c", "m"))
-                  for w in (WQ, WK, WV)}
-    dx = None
-    for w, g in ((WQ, DQ), (WK, DK), (WV, DV)):
-        term = _sum_heads(inner(psi(("b", "h"), g), psi(("h",), transposed[w.name]), var="c",
-                                name="gw"))
-        dx = term if dx is None else dx + term
-    return KernelSpec(
-        name="qkv_proj_bwd",
-        inputs=(X, WQ, WK, WV, DQ, DK, DV),
-        scalars=(),
-        outputs=(Output("dX", lift(("b",), ("batch",), dx), ("b", "i", "m")),)
-        + tuple(Output(f"d{w.name}", _weight_grad(X, g), ("m", "h", "c"))
-                for w, g in ((WQ, DQ), (WK, DK), (WV, DV))),
-    )
+def _derived(forward, weights, head, perm, index):
+    """forward's backward, derived, with the weights' per-head slices W[h] (as `head(W)`
+    reads them) that it reads transposed stored so once, Named `<W>T` (`perm` of W, `index`
+    its names): every tile of a product then reads contiguous rows. A sum over heads of
+    several products (dX of Q, K and V) is split into one sum per product, each a register
+    tile of its own."""
+    stored = {transpose(head(w)): psi(("h",), named(f"{w.name}T", transpose(w, perm), index=index))
+              for w in weights}
+    derived = grad(forward, name=f"{forward.name}_bwd", **VJP[forward.name])
+    return replace(derived, outputs=tuple(
+        replace(o, value=split_sums(substitute(o.value, stored))) for o in derived.outputs))
 
 
+QKV_BWD = _derived(QKV, (WQ, WK, WV), lambda w: psi(("h",), _per_head(w)), (1, 2, 0),
+                   ("h", "c", "m"))
 WEIGHT_ORDER = ("h", "m", "c")  # a weight gradient's loops: head outermost, then its rows
 QKV_BWD_VARIANTS = {"tiled": (frozenset({"WqT", "WkT", "WvT"}), _layers(
     _row_tiles("dX", "m"),
@@ -124,17 +121,7 @@ OUT = KernelSpec(
 OUT_VARIANTS = {"tiled": (frozenset(), _layers(_row_tiles("Y", "m")))}
 
 
-def _out_backward():
-    wo_t = named("WoT", transpose(WO, (0, 2, 1)), index=("h", "m", "c"))  # (heads, dm, dh)
-    d_o = lift(BH, BH_EXTENTS, inner(psi(("b",), DY), psi(("h",), wo_t), var="m", name="yw"))
-    d_wo = lift(("h",), ("heads",), _sum_batch(
-        inner(transpose(psi(("b", "h"), O)), psi(("b",), DY), var="i", name="oy"), "batches"))
-    return KernelSpec(
-        name="out_proj_bwd",
-        inputs=(O, WO, DY),
-        scalars=(),
-        outputs=(Output("dO", d_o, HEAD_ROWS), Output("dWo", d_wo, ("h", "c", "m"))),
-    )
+OUT_BWD = _derived(OUT, (WO,), lambda w: psi(("h",), w), (0, 2, 1), ("h", "m", "c"))
 
 
 OUT_BWD_VARIANTS = {"tiled": (frozenset({"WoT"}), _layers(
@@ -147,13 +134,12 @@ ADD = KernelSpec(name="residual_add", inputs=(RESIDUAL, R), scalars=(),
                  outputs=(Output("y", RESIDUAL + R, ("b", "i", "m")),))
 ROWS = Layers(mapping=cpu(Parallel(("b", "i"))))
 
-QKV_BWD, OUT_BWD = _qkv_backward(), _out_backward()
 KERNELS = [(QKV, QKV_VARIANTS), (QKV_BWD, QKV_BWD_VARIANTS), (OUT, OUT_VARIANTS),
            (OUT_BWD, OUT_BWD_VARIANTS), (ADD, {"dnf": (frozenset(), ROWS)})]
-# a stage's backward in a composite (moagen.kernels.chain): the projections' written by
-# hand (moagen.moa.grad has no rule yet for qkv_proj's per-head view of a weight, a
-# transpose indexed, nor for out_proj's sum over a Lift of heads); a residual's gradient is
-# the cotangent of the sum it is in
+# the names a derived backward has (moagen.kernels.ALIASES)
+ALIASES = {"qkv_proj_vjp": "qkv_proj_bwd", "out_proj_vjp": "out_proj_bwd"}
+# a stage's backward in a composite (moagen.kernels.chain); a residual's gradient is the
+# cotangent of the sum it is in
 CHAIN = {"qkv_proj": backward(QKV, QKV_BWD, "tiled"),
          "out_proj": backward(OUT, OUT_BWD, "tiled", passes={"R": "Y"}),
          "residual_add": backward(ADD, passes={"x": "y", "R": "y"})}

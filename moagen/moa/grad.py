@@ -33,6 +33,8 @@ delta from the output).
 from dataclasses import dataclass, replace
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
+import sympy
+
 from moagen.errors import SpecError
 from moagen.moa import cotangents as C
 from moagen.moa import expr as E
@@ -281,6 +283,8 @@ class _Adjoints:
             # spread along the summed axis by a Lift (which puts it first), moved to ax
             spread = E.Lift((f"spread_{node.var}",), (shape_of(node.array)[ax],),
                             C.full(g, shape, node))
+            if ax == 0:
+                return [(node.array, spread)]
             perm = tuple(range(1, ax + 1)) + (0,) + tuple(range(ax + 1, rank))
             return [(node.array, E.Transpose(perm, spread))]
         if isinstance(node, E.Inner):
@@ -296,28 +300,47 @@ class _Adjoints:
             return [(node.then, C.fit(E.where(node.cond, g, 0.0), shape, node.then, names)),
                     (node.other, C.fit(E.where(node.cond, 0.0, g), shape, node.other, names))]
         if isinstance(node, E.Transpose):
-            inverse = [0] * len(node.perm)
-            for k, p in enumerate(node.perm):
-                inverse[p] = k
-            return [(node.array, C.transpose(tuple(inverse), C.full(g, shape, node)))]
+            return [(node.array, C.transpose(_inverse(node.perm), C.full(g, shape, node)))]
+        if isinstance(node, E.Lift):
+            self._lift(node, C.full(g, shape, node))
+            return []
         raise SpecError(f"grad: no adjoint rule for {E.describe(node)} yet")
 
     def _leaf(self, node, g):
+        """An input's adjoint at this body: keyed by the input, the lift variables that
+        index it and the permutation it is read through (an input read transposed, e.g. a
+        weight's per-head slice W[:, h, :], is indexed in its transposed layout)."""
         if isinstance(node, E.Psi):
-            if not isinstance(node.array, E.Array):
+            array, perm = node.array, None
+            if isinstance(array, E.Transpose) and isinstance(array.array, E.Array):
+                array, perm = array.array, array.perm
+            if not isinstance(array, E.Array):
                 raise SpecError(f"grad: {E.describe(node)} of a computed array has no adjoint "
-                                "rule; index named inputs only")
+                                "rule; index named inputs (or their transposes) only")
             names = tuple(str(i) for i in node.index)
             if not all(n in self.lift.vars for n in names) or \
                     list(names) != sorted(names, key=self.lift.vars.index):
-                raise SpecError(f"grad: {E.describe(node)} {node.array.name}: only an index of "
+                raise SpecError(f"grad: {E.describe(node)} {array.name}: only an index of "
                                 f"the lift variables {self.lift.vars}, in their order, has an "
                                 "adjoint rule")
-            array, key = node.array, (node.array.name, names)
+            key = (array.name, names, perm)
         else:
-            array, key = node, (node.name, ())
-        g = C.full(g, shape_of(node), node)
+            key = (node.name, (), None)
+        self._add_leaf(key, C.full(g, shape_of(node), node))
+
+    def _add_leaf(self, key, g):
         self.leaves[key] = C.add(self.leaves[key], g) if key in self.leaves else g
+
+    def _lift(self, node, g):
+        """A Lift inside the body (the heads of a batch entry, summed over): its body is
+        differentiated with its variables added to the lift, seeded with g indexed by them;
+        each adjoint found there joins this body's, lifted over those variables (summed
+        over those it is not indexed by)."""
+        inner = _Adjoints(_Lift(self.lift.vars + node.vars, self.lift.extents + node.extents))
+        inner.seed(node.body, _indexed(g, node.vars), self.names[node][len(node.vars):])
+        own = _Lift(node.vars, node.extents)
+        for key, adjoint in inner.run().items():
+            self._add_leaf(key, _lifted(adjoint, key[1], own))
 
     def _map(self, node, g):
         y, x = self.value(node), self.value(node.arg)
@@ -420,17 +443,14 @@ def _child_names(node, names):
 
 def _gather(name, leaves, lift: _Lift):
     """The gradient of input `name`: each body adjoint lifted over the lift axes, summed over
-    the axes its access does not index by (the rows a weight is shared by)."""
+    the axes its access does not index by (the rows a weight is shared by), and put back in
+    the input's layout where it was read transposed."""
     parts = []
-    for (leaf, index), body in leaves.items():
+    for (leaf, index, perm), body in leaves.items():
         if leaf != name:
             continue
-        value = E.lift(lift.vars, lift.extents, body) if lift.vars else body
-        for axis in reversed(range(len(lift.vars))):
-            var = lift.vars[axis]
-            if var not in index:
-                value = E.reduce("+", value, axis=axis, var=var, name=f"over_{var}")
-        parts.append(value)
+        value = _lifted(body, index, lift)
+        parts.append(value if perm is None else E.Transpose(_inverse(perm), value))
     if not parts:
         raise SpecError(f"grad: the outputs given cotangents do not depend on {name} (its "
                         "gradient is zero): leave it out of wrt")
@@ -438,6 +458,34 @@ def _gather(name, leaves, lift: _Lift):
     for p in parts[1:]:
         total = total + p
     return total
+
+
+def _lifted(body, index, lift: _Lift):
+    """body lifted over the lift's variables, summed over those not in index."""
+    value = E.lift(lift.vars, lift.extents, body) if lift.vars else body
+    for axis in reversed(range(len(lift.vars))):
+        var = lift.vars[axis]
+        if var not in index:
+            value = E.reduce("+", value, axis=axis, var=var, name=f"over_{var}")
+    return value
+
+
+def _indexed(g, vars):
+    """g indexed by the lift variables vars: a spread (a Lift whose body no index of it
+    changes, as a sum's cotangent is) is its body."""
+    if isinstance(g, E.Lift) and len(g.vars) == len(vars):
+        own = {E.sym(v) for v in g.vars}
+        if not any(isinstance(n, E.Psi) and own & set().union(
+                *(sympy.sympify(i).free_symbols for i in n.index)) for n in E.walk(g.body)):
+            return g.body
+    return E.Psi(tuple(E.sym(v) for v in vars), g)
+
+
+def _inverse(perm):
+    inverse = [0] * len(perm)
+    for k, p in enumerate(perm):
+        inverse[p] = k
+    return tuple(inverse)
 
 
 def _postorder(node, seen, order):
