@@ -159,6 +159,19 @@ def test_register_tile_refuses_what_is_not_a_contraction(transform, words):
         transform(initial_onf(k.dnf("naive"), "naive"))
 
 
+def test_register_tile_refuses_a_sum_holding_sums_over_other_extents():
+    """y[i, c] = sum_k A[i, k] sum_j C[k, j, c]: not one contraction (the inner sum is not
+    merged into the outer one), so no panel could hold its operand."""
+    from moagen.moa import expr as E
+    from moagen.moa.dnf import psi_reduce
+    from moagen.moa.spec import KernelSpec, Output
+    a, c = E.array("A", "n", "k"), E.array("C", "k", "m", "p")
+    spec = KernelSpec("nested", (a, c), (), (Output("y", E.inner(a, E.reduce("+", c, axis=1)),
+                                                    ("i", "c")),))
+    with pytest.raises(ScheduleError, match="holds sums of its own inside"):
+        RegisterTile("y", "i", "c")(initial_onf(psi_reduce(spec), "nested"))
+
+
 # ---- partial sums ---------------------------------------------------------------------
 
 def test_dweight_is_summed_in_fixed_parts_without_atomics():

@@ -14,8 +14,7 @@ from moagen.kernels.attention_bwd import VJP as ATTENTION_VJP
 from moagen.moa import expr as E
 from moagen.moa.dnf import psi_reduce
 from moagen.moa.grad import derive, grad
-from moagen.moa.rewrites import (NAMES, quadratic_temporaries, recomputed_reductions,
-                                  split_sums)
+from moagen.moa.rewrites import NAMES, quadratic_temporaries, recomputed_reductions
 from moagen.moa.shape import shape_of
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.interpret import evaluate_dnf
@@ -205,15 +204,3 @@ def test_a_vjp_name_verifies_the_kernel_it_names():
                            dtypes=("float64",)))
     assert rows and all(r.kernel == "rmsnorm_bwd" and r.status == "pass" for r in rows)
 
-
-def test_split_sums_gives_one_reduction_per_term_of_the_same_value():
-    x = E.array("x", "batch", "m", "k")
-    terms = (E.psi(("b",), x), E.psi(("b",), x) * 2.0, E.exp(E.psi(("b",), x)))
-    total = E.reduce("+", E.lift(("b",), ("batch",), terms[0] + (terms[1] + terms[2])), axis=0,
-                     var="b")
-    split = split_sums(total)
-    assert isinstance(split, E.BinOp) and \
-        sum(isinstance(n, E.Reduce) for n in E.walk(split)) == 3
-    arrays = {"x": np.random.default_rng(3).standard_normal((2, 3, 4))}
-    np.testing.assert_allclose(_run(_spec(split), arrays, {})["y"],
-                               _run(_spec(total), arrays, {})["y"], rtol=1e-14)

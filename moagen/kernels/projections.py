@@ -21,7 +21,7 @@ from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.mlp import TILE_DEFAULTS
 from moagen.moa.expr import array, inner, lift, named, psi, reduce, transpose
 from moagen.moa.grad import grad
-from moagen.moa.rewrites import split_sums, substitute
+from moagen.moa.rewrites import substitute
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.schedule import Parallel, Reorder
 from moagen.onf.tiling import RegisterTile
@@ -91,14 +91,12 @@ VJP = {"qkv_proj": dict(wrt={"X": ("b", "i", "m"), "Wq": WEIGHT_INDEX, "Wk": WEI
 def _derived(forward, weights, head, perm, index):
     """forward's backward, derived, with the weights' per-head slices W[h] (as `head(W)`
     reads them) that it reads transposed stored so once, Named `<W>T` (`perm` of W, `index`
-    its names): every tile of a product then reads contiguous rows. A sum over heads of
-    several products (dX of Q, K and V) is split into one sum per product, each a register
-    tile of its own."""
+    its names): every tile of a product then reads contiguous rows."""
     stored = {transpose(head(w)): psi(("h",), named(f"{w.name}T", transpose(w, perm), index=index))
               for w in weights}
     derived = grad(forward, name=f"{forward.name}_bwd", **VJP[forward.name])
-    return replace(derived, outputs=tuple(
-        replace(o, value=split_sums(substitute(o.value, stored))) for o in derived.outputs))
+    return replace(derived, outputs=tuple(replace(o, value=substitute(o.value, stored))
+                                          for o in derived.outputs))
 
 
 QKV_BWD = _derived(QKV, (WQ, WK, WV), lambda w: psi(("h",), _per_head(w)), (1, 2, 0),

@@ -223,24 +223,6 @@ def substitute(node, mapping):
     return transform(node, mapping.get)
 
 
-def split_sums(node):
-    """node with every sum over a Lift of terms split into a sum per term: +/ (a + b) ->
-    +/ a + +/ b (the same value up to rounding; each term then a reduction of its own, e.g.
-    a register-tiled product)."""
-    def split(n):
-        if not (isinstance(n, E.Reduce) and n.op == "+" and isinstance(n.array, E.Lift)
-                and isinstance(n.array.body, E.BinOp) and n.array.body.op == "+"):
-            return None
-        body = n.array.body
-        return sum_of(replace(n, array=replace(n.array, body=term))
-                      for term in (body.left, body.right))
-
-    def sum_of(parts):
-        first, second = (split(p) or p for p in parts)
-        return first + second
-    return transform(node, split)
-
-
 def relabel(node, labels):
     """node with its Named intermediates renamed by labels (old -> new)."""
     def step(n, _):

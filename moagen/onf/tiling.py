@@ -221,12 +221,17 @@ class RegisterTile(Step):
                 raise ScheduleError(f"{self}: the extent {red.extent} of {red.var} depends on "
                                     f"the tiled loops")
             red = red.body
+        if any(True for _ in _outermost_reductions(red)):
+            raise ScheduleError(f"{self}: the sum stored by nest {self.nest} holds sums of its "
+                                f"own inside, over other extents: not one contraction")
         return sums[0]
 
 
 def _merge_sums(e):
     """sum_k a + sum_k' b -> sum_k (a + b[k' := k]) when the extents agree: one accumulator
     for dU Wg^T + dV Wu^T, or for the sum over heads of dQ Wq^T + dK Wk^T + dV Wv^T."""
+    if isinstance(e, S.Reduction):  # sum_h (sum_c a + sum_c' b): the inner sums merge
+        return replace(e, body=_merge_sums(e.body))
     if isinstance(e, S.Bin) and e.op == "+":
         left, right = _merge_sums(e.left), _merge_sums(e.right)
         if (isinstance(left, S.Reduction) and isinstance(right, S.Reduction)
