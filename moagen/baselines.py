@@ -114,28 +114,28 @@ def residual_add(x, r):
     return x + r
 
 
-def _block(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale):
+def _block(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale, causal=False):
     """y and the activations the backward keeps but lse: the stages above in a row."""
     xn1, inv_rms1 = rmsnorm(x, norm1, eps)
     q, k, v = qkv_proj(xn1, Wq, Wk, Wv)
-    attn = sdpa(q, k, v, scale)
+    attn = sdpa(q, k, v, scale, causal)
     resid = out_proj(attn, Wo, x)
     xn2, inv_rms2 = rmsnorm(resid, norm2, eps)
     f, u = mlp(xn2, Wg, Wu, Wd)
     return resid + f, (inv_rms1, q, k, v, attn, resid, inv_rms2, u)
 
 
-def block(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale):
+def block(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale, causal=False):
     """y, inv_rms1, Q, K, V, attn, resid, inv_rms2, U: every output but lse."""
-    y, kept = _block(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale)
+    y, kept = _block(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale, causal)
     return (y,) + kept
 
 
 def block_bwd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse,
-              resid, inv_rms2, U, dy, scale, eps):
+              resid, inv_rms2, U, dy, scale, eps, causal=False):
     """The ten gradients by autograd of the block, which recomputes the forward (the kept
     activations unused)."""
     leaves = [t.detach().requires_grad_() for t in (x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu,
                                                     Wd)]
-    y, _ = _block(*leaves, eps, scale)
+    y, _ = _block(*leaves, eps, scale, causal)
     return torch.autograd.grad(y, leaves, dy)

@@ -162,19 +162,19 @@ def mlp_bwd_torch(X, Wg, Wu, Wd, U, dF):
     return tuple(t.grad.numpy() for t in (x, wg, wu, wd))
 
 
-def block_fwd_numpy(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale):
+def block_fwd_numpy(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale, causal=False):
     """y and what the backward keeps: inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U."""
     from moagen.reference import attention_fwd_numpy
     xn1, inv_rms1 = rmsnorm_fwd_numpy(x, norm1, eps)
     Q, K, V = qkv_proj_numpy(xn1, Wq, Wk, Wv)
-    attn, lse = attention_fwd_numpy(Q, K, V, scale)
+    attn, lse = attention_fwd_numpy(Q, K, V, scale, causal)
     resid = out_proj_numpy(attn, Wo, x)
     xn2, inv_rms2 = rmsnorm_fwd_numpy(resid, norm2, eps)
     F, U = mlp_fwd_numpy(xn2, Wg, Wu, Wd)
     return resid + F, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U
 
 
-def _block_torch(x, weights, eps, scale):
+def _block_torch(x, weights, eps, scale, causal=False):
     """The block in PyTorch's own operators (rms_norm, matmuls, sdpa, silu): y and the
     activations the backward keeps, in block_fwd's order."""
     import torch
@@ -184,8 +184,13 @@ def _block_torch(x, weights, eps, scale):
     xn1 = rms(x, norm1)
     q, k, v = ((xn1 @ w.flatten(1)).unflatten(-1, w.shape[1:]).transpose(1, 2)
                for w in (Wq, Wk, Wv))
-    attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
-    lse = torch.logsumexp(q @ k.transpose(-1, -2) * scale, dim=-1)
+    attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale,
+                                                            is_causal=causal)
+    scores = q @ k.transpose(-1, -2) * scale
+    if causal:
+        n = scores.shape[-1]
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -torch.inf)
+    lse = torch.logsumexp(scores, dim=-1)
     resid = x + attn.transpose(1, 2).flatten(2) @ Wo.flatten(0, 1)
     xn2 = rms(resid, norm2)
     u = xn2 @ Wg
@@ -193,15 +198,15 @@ def _block_torch(x, weights, eps, scale):
     return y, (inv_rms(x), q, k, v, attn, lse, resid, inv_rms(resid), u)
 
 
-def block_fwd_torch(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale):
+def block_fwd_torch(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale, causal=False):
     import torch
     t = [torch.from_numpy(a) for a in (x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd)]
-    y, kept = _block_torch(t[0], t[1:], eps, scale)
+    y, kept = _block_torch(t[0], t[1:], eps, scale, causal)
     return tuple(a.numpy() for a in (y,) + kept)
 
 
 def block_bwd_numpy(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse,
-                    resid, inv_rms2, U, dy, scale):
+                    resid, inv_rms2, U, dy, scale, causal=False):
     """The chain rule through the stages by hand (the numpy references above)."""
     from moagen.reference import attention_bwd_numpy
     xn2 = rmsnorm_apply_numpy(resid, norm2, inv_rms2)
@@ -209,7 +214,7 @@ def block_bwd_numpy(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K,
     dresid_norm, dnorm2 = rmsnorm_bwd_numpy(resid, norm2, inv_rms2, dxn2)
     dresid = dy + dresid_norm
     dattn, dWo = out_proj_bwd_numpy(attn, Wo, dresid)
-    dQ, dK, dV = attention_bwd_numpy(Q, K, V, attn, dattn, lse, scale)
+    dQ, dK, dV = attention_bwd_numpy(Q, K, V, attn, dattn, lse, scale, causal)
     xn1 = rmsnorm_apply_numpy(x, norm1, inv_rms1)
     dxn1, dWq, dWk, dWv = qkv_proj_bwd_numpy(xn1, Wq, Wk, Wv, dQ, dK, dV)
     dx_norm, dnorm1 = rmsnorm_bwd_numpy(x, norm1, inv_rms1, dxn1)
@@ -217,11 +222,11 @@ def block_bwd_numpy(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K,
 
 
 def block_bwd_torch(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse,
-                    resid, inv_rms2, U, dy, scale, eps=None):
+                    resid, inv_rms2, U, dy, scale, eps=None, causal=False):
     """Autograd of the whole block from x and the weights (the kept arrays unused)."""
     import torch
     t = [torch.from_numpy(a).requires_grad_() for a in (x, norm1, Wq, Wk, Wv, Wo, norm2, Wg,
                                                          Wu, Wd)]
-    y, _ = _block_torch(t[0], t[1:], eps, scale)
+    y, _ = _block_torch(t[0], t[1:], eps, scale, causal)
     y.backward(torch.from_numpy(dy))
     return tuple(a.grad.numpy() for a in t)

@@ -6,7 +6,7 @@ import torch
 
 from moagen.errors import SpecError
 from moagen.kernels import get_kernel, projections, rmsnorm
-from moagen.kernels.block import BACKWARD, FORWARD, STAGES
+from moagen.kernels.block import BACKWARD, CAUSAL_BACKWARD, CAUSAL_FORWARD, FORWARD
 from moagen.kernels.chain import backward, role, vjp
 from moagen.kernels.compose import Composite, Stage, compose
 from moagen.moa.expr import array
@@ -19,7 +19,7 @@ RULES = {**rmsnorm.CHAIN, **projections.CHAIN}
 def test_the_block_backward_is_the_forward_stages_reversed():
     assert get_kernel("block_fwd_vjp").composite is BACKWARD
     backwards = [st for st in BACKWARD.stages if role(st) == "backward"]
-    assert [st.label for st in backwards] == [st.label for st in reversed(STAGES.stages)
+    assert [st.label for st in backwards] == [st.label for st in reversed(FORWARD.stages)
                                               if st.kernel != "residual_add"]
     # x / r of both norms recomputed from the kept statistics, never kept
     assert [st.arrays["z"] for st in BACKWARD.stages if role(st) == "recompute"] == ["xn2", "xn1"]
@@ -28,7 +28,13 @@ def test_the_block_backward_is_the_forward_stages_reversed():
     sums = {st.arrays["y"]: (st.arrays["x"], st.arrays["R"]) for st in BACKWARD.stages
             if role(st) == "sum"}
     assert sums == {"dresid": ("dy", "dresid_norm2"), "dx": ("dresid", "dx_norm1")}
-    assert BACKWARD.outputs == tuple(f"d{a.name}" for a in STAGES.inputs)
+    assert BACKWARD.outputs == tuple(f"d{a.name}" for a in FORWARD.inputs)
+    # the causal block's backward: the same chain, through the causal attention's backward
+    assert get_kernel("block_fwd_causal_vjp").composite is CAUSAL_BACKWARD
+    assert [(st.label, st.kernel) for st in CAUSAL_BACKWARD.stages] == [
+        (st.label, st.kernel.replace("attention_bwd", "attention_bwd_causal"))
+        for st in BACKWARD.stages]
+    assert CAUSAL_FORWARD.kept() == FORWARD.kept()
 
 
 def _three_uses():

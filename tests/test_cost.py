@@ -37,7 +37,7 @@ TINY = {"attention_decode": dict(batch=1, q_heads=4, kv_heads=2, cap=20, d=3, n=
         **{k: dict(batch=1, n=6, dm=24, heads=1, dh=24)
            for k in ("qkv_proj", "qkv_proj_bwd", "out_proj", "out_proj_bwd")},
         "residual_add": dict(batch=2, n=3, dm=4),
-        **{k: dict(batch=1, n=192, dm=24, heads=1, dh=24, dff=24) for k in ("block_fwd", "block_bwd")}}
+        **{k: dict(batch=1, n=192, dm=24, heads=1, dh=24, dff=24) for k in ("block_fwd", "block_bwd", "block_fwd_causal", "block_bwd_causal")}}
 COMPOSITES = [k for k, kernel in KERNELS.items() if isinstance(kernel, CompositeKernel)]
 
 

@@ -77,12 +77,13 @@ def test_swiglu_mlp_is_pytorchs_and_passes_gradcheck(lang="c"):
     assert torch.autograd.gradcheck(lambda *a: mt.swiglu_mlp(*a, lang=lang), (x, wg, wu, wd))
 
 
-def test_block_is_the_pytorch_block_and_passes_gradcheck(lang="c"):
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_is_the_pytorch_block_and_passes_gradcheck(causal, lang="c"):
     torch.manual_seed(3)
-    block = mt.Block(d_model=7, heads=3, d_head=5, d_ff=11, dtype=F64, lang=lang)
+    block = mt.Block(d_model=7, heads=3, d_head=5, d_ff=11, dtype=F64, lang=lang, causal=causal)
     x = _randn(2, 5, 7)
     y = block(x)
-    want, _ = _block_torch(x, block.weights(), block.eps, block.scale)
+    want, _ = _block_torch(x, block.weights(), block.eps, block.scale, causal)
     _close(y, want)
     dy = torch.randn_like(y)
     got = torch.autograd.grad(y, [x, *block.weights()], dy)
@@ -91,7 +92,7 @@ def test_block_is_the_pytorch_block_and_passes_gradcheck(lang="c"):
         _close(g, e)
     # every weight perturbed, not only the ones above: gradcheck on the whole module
     params = [x] + [w.detach().clone().requires_grad_() for w in block.weights()]
-    op = lambda x, *w: torch.ops.moagen.block(x, list(w), 0.1, 0.4, lang)[0]
+    op = lambda x, *w: torch.ops.moagen.block(x, list(w), 0.1, 0.4, causal, lang)[0]
     assert torch.autograd.gradcheck(op, params, fast_mode=True)
 
 
@@ -120,7 +121,7 @@ def _ops_and_args():
     return [(ops.attention.default, (q, q.detach() * 2, q.detach() + 1, True, 0.4, "c")),
             (ops.rms_norm.default, (x, w, 1e-5, "c")),
             (ops.swiglu_mlp.default, (x, _randn(5, 9), _randn(5, 9), _randn(9, 5), "c")),
-            (ops.block.default, (_randn(2, 5, 7), weights, 1e-5, 0.5, "c")),
+            (ops.block.default, (_randn(2, 5, 7), weights, 1e-5, 0.5, True, "c")),
             (ops.kv_append.default, (torch.zeros(2, 1, 4, 5, dtype=F64),
                                      torch.zeros(2, 1, 4, 5, dtype=F64),
                                      torch.ones(2, 1, 5, dtype=F64),

@@ -2,7 +2,7 @@
 block code is written by hand.
 
     forward   xn1 = rmsnorm(x)            Q, K, V = xn1 Wq, xn1 Wk, xn1 Wv (per head)
-              attn, lse = attention(Q, K, V)
+              attn, lse = attention(Q, K, V)   (block_fwd_causal: causal attention)
               resid = x + attn Wo         xn2 = rmsnorm(resid)
               y = resid + mlp(xn2)
     backward  derived: the chain rule through the same stages in reverse, each stage's
@@ -14,6 +14,7 @@ What the forward returns besides y is derived too: the intermediates the backwar
 """
 import math
 from dataclasses import replace
+from functools import partial
 
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
@@ -38,35 +39,50 @@ def _same(*names):
     return {name: name for name in names}
 
 
-STAGES = Composite(
-    name="block_fwd",
-    inputs=(X,) + WEIGHTS,
-    scalars=("eps", "scale"),
-    stages=(
-        Stage("norm1", "rmsnorm_fwd", "dnf",
-              {"x": "x", "weight": "norm1", "z": "xn1", "inv_rms": "inv_rms1"}, ON_MODEL),
-        Stage("qkv", "qkv_proj", "tiled", {"X": "xn1", **_same("Wq", "Wk", "Wv", "Q", "K", "V")}),
-        Stage("attn", "attention_fwd", "flash",
-              {"O": "attn", **_same("Q", "K", "V", "lse")}, ON_HEAD),
-        Stage("out", "out_proj", "tiled", {"O": "attn", "Wo": "Wo", "R": "x", "Y": "resid"}),
-        Stage("norm2", "rmsnorm_fwd", "dnf",
-              {"x": "resid", "weight": "norm2", "z": "xn2", "inv_rms": "inv_rms2"}, ON_MODEL),
-        Stage("mlp", "mlp_fwd", "tiled",
-              {"X": "xn2", "F": "mlp_out", **_same("Wg", "Wu", "Wd", "U")}),
-        Stage("add", "residual_add", "dnf", {"x": "resid", "R": "mlp_out", "y": "y"}),
-    ),
-    outputs=("y",),
-)
-# each stage's backward as its kernel declares it (CHAIN: the derived backward or the
-# written one, the pass-throughs, what is recomputed)
+def _forward(causal: bool) -> Composite:
+    return Composite(
+        name="block_fwd_causal" if causal else "block_fwd",
+        inputs=(X,) + WEIGHTS,
+        scalars=("eps", "scale"),
+        stages=(
+            Stage("norm1", "rmsnorm_fwd", "dnf",
+                  {"x": "x", "weight": "norm1", "z": "xn1", "inv_rms": "inv_rms1"}, ON_MODEL),
+            Stage("qkv", "qkv_proj", "tiled",
+                  {"X": "xn1", **_same("Wq", "Wk", "Wv", "Q", "K", "V")}),
+            Stage("attn", "attention_fwd_causal" if causal else "attention_fwd", "flash",
+                  {"O": "attn", **_same("Q", "K", "V", "lse")}, ON_HEAD),
+            Stage("out", "out_proj", "tiled", {"O": "attn", "Wo": "Wo", "R": "x", "Y": "resid"}),
+            Stage("norm2", "rmsnorm_fwd", "dnf",
+                  {"x": "resid", "weight": "norm2", "z": "xn2", "inv_rms": "inv_rms2"},
+                  ON_MODEL),
+            Stage("mlp", "mlp_fwd", "tiled",
+                  {"X": "xn2", "F": "mlp_out", **_same("Wg", "Wu", "Wd", "U")}),
+            Stage("add", "residual_add", "dnf", {"x": "resid", "R": "mlp_out", "y": "y"}),
+        ),
+        outputs=("y",),
+    )
+
+
+# each stage's backward as its kernel declares it (CHAIN: the derived backward, the
+# pass-throughs, what is recomputed)
 STAGE_BACKWARDS = {**rmsnorm.CHAIN, **projections.CHAIN, **attention_bwd.CHAIN, **mlp.CHAIN}
-BACKWARD = vjp(STAGES, STAGE_BACKWARDS, projections.SUM, name="block_bwd")
-FORWARD = replace(STAGES, keep_for=BACKWARD)
+
+
+def _with_backward(causal: bool):
+    """(the forward, keeping what its backward reads; the backward, derived)."""
+    forward = _forward(causal)
+    backward = vjp(forward, STAGE_BACKWARDS, projections.SUM,
+                   name=forward.name.replace("_fwd", "_bwd"))
+    return replace(forward, keep_for=backward), backward
+
+
+(FORWARD, BACKWARD), (CAUSAL_FORWARD, CAUSAL_BACKWARD) = _with_backward(False), _with_backward(True)
 # the derived backward's name as the kernels' (moagen.kernels.ALIASES)
-ALIASES = {"block_fwd_vjp": "block_bwd"}
+ALIASES = {"block_fwd_vjp": "block_bwd", "block_fwd_causal_vjp": "block_bwd_causal"}
 
 
-KERNELS = [(FORWARD, None, positive_eps("block_fwd")), (BACKWARD, None)]
+KERNELS = [(FORWARD, None, positive_eps("block_fwd")), (BACKWARD, None),
+           (CAUSAL_FORWARD, None, positive_eps("block_fwd_causal")), (CAUSAL_BACKWARD, None)]
 
 # What verification and the benchmarks run these kernels on (moagen.kernels.cases): one
 # row, a partial row tile and widths below a tile; sizes that divide nothing.
@@ -87,26 +103,38 @@ def _initialized(arrays, scalars):
     return dict(arrays, **{w: arrays[w] / math.sqrt(fan_in(w)) for w in MATRICES})
 
 
-def _kept(arrays, scalars):
-    """The backward's kept activations, from the forward on the same x and weights."""
-    arrays = _initialized(arrays, scalars)
-    kept = reference_block.block_fwd_numpy(*(arrays[a.name] for a in FORWARD.inputs),
-                                           eps=EPS, scale=scalars["scale"])[1:]
-    return dict(arrays, **dict(zip(FORWARD.kept(), kept)))
+def _kept(causal):
+    def kept(arrays, scalars):
+        """The backward's kept activations, from the forward on the same x and weights."""
+        arrays = _initialized(arrays, scalars)
+        kept = reference_block.block_fwd_numpy(*(arrays[a.name] for a in FORWARD.inputs),
+                                               eps=EPS, scale=scalars["scale"],
+                                               causal=causal)[1:]
+        return dict(arrays, **dict(zip(FORWARD.kept(), kept)))
+    return kept
 
 
-CHECKS = {
-    "block_fwd": Check(references(reference_block.block_fwd_numpy,
-                                  reference_block.block_fwd_torch), CHECK_SIZES, _scalars,
-                       inputs=_initialized),
-    "block_bwd": Check(recomputing(reference_block.block_bwd_numpy,
-                                   reference_block.block_bwd_torch), CHECK_SIZES,
-                       lambda sizes: {"scale": _scalars(sizes)["scale"]}, inputs=_kept),
-}
+def _checks(causal):
+    suffix = "_causal" if causal else ""
+    return {
+        f"block_fwd{suffix}": Check(references(reference_block.block_fwd_numpy,
+                                               reference_block.block_fwd_torch, causal=causal),
+                                    CHECK_SIZES, _scalars, inputs=_initialized),
+        f"block_bwd{suffix}": Check(
+            {name: partial(fn, causal=causal) for name, fn in recomputing(
+                reference_block.block_bwd_numpy, reference_block.block_bwd_torch).items()},
+            CHECK_SIZES, lambda sizes: {"scale": _scalars(sizes)["scale"]},
+            inputs=_kept(causal)),
+    }
+
+
+CHECKS = {**_checks(False), **_checks(True)}
 _ON_MODEL = on_model("dm", "heads", "dh", "dff")
-BENCH = {"block_fwd": _ON_MODEL.measured_against(
-             "block", "y and the kept activations by the stages' baselines; no lse (SDPA "
-                      "returns none)", outputs=(0, 1, 2, 3, 4, 5, 7, 8, 9)),
-         "block_bwd": _ON_MODEL.measured_against(
-             "block_bwd", "the ten gradients by autograd of the block, the forward recomputed "
-                          "(the kept activations unused)", eps=EPS)}
+BENCH = {}
+for causal, suffix in ((False, ""), (True, "_causal")):
+    BENCH[f"block_fwd{suffix}"] = _ON_MODEL.measured_against(
+        "block", "y and the kept activations by the stages' baselines; no lse (SDPA returns "
+                 "none)", outputs=(0, 1, 2, 3, 4, 5, 7, 8, 9), causal=causal)
+    BENCH[f"block_bwd{suffix}"] = _ON_MODEL.measured_against(
+        "block_bwd", "the ten gradients by autograd of the block, the forward recomputed (the "
+                     "kept activations unused)", eps=EPS, causal=causal)

@@ -21,13 +21,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from moagen.torch_ops.native import call, check_dims, check_lang, check_size, check_tensors
+from moagen.torch_ops.native import (call, causal_name, check_dims, check_lang, check_size,
+                                     check_tensors)
 
 SHAPE = "(batch, heads, n, d)"
-
-
-def _kernel(name, causal):
-    return name + "_causal" if causal else name
 
 
 def _check(op, q, k, v, lang):
@@ -51,7 +48,7 @@ def _check(op, q, k, v, lang):
 @torch.library.custom_op("moagen::attention", mutates_args=())
 def attention_op(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, lang: str) -> Tensor:
     _check("moagen::attention", q, k, v, lang)
-    out, _lse = call(_kernel("attention_fwd", causal), "online", lang, q, k, v, scale=scale)
+    out, _lse = call(causal_name("attention_fwd", causal), "online", lang, q, k, v, scale=scale)
     return out
 
 
@@ -65,7 +62,7 @@ def _(q, k, v, causal, scale, lang):
 def attention_backward_op(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, causal: bool,
                           scale: float, lang: str) -> tuple[Tensor, Tensor, Tensor]:
     _check("moagen::attention_backward", q, k, v, lang)
-    _out, _lse, dq, dk, dv = call(_kernel("attention_fwdbwd", causal), "owner", lang,
+    _out, _lse, dq, dk, dv = call(causal_name("attention_fwdbwd", causal), "owner", lang,
                                   q, k, v, grad_out, scale=scale)
     return dq, dk, dv
 

@@ -1,14 +1,13 @@
 """The transformer block as an nn.Module over moagen's composed block kernels:
 
-    forward   block_fwd: y, and the activations the backward reads (the per-row RMSNorm
-              statistics, Q, K, V, the attention output and its row logsumexp, the
-              residual, the MLP's U), saved by autograd
-    backward  block_bwd: dx and every weight's gradient from x, the weights, those
+    forward   block_fwd[_causal]: y, and the activations the backward reads (the per-row
+              RMSNorm statistics, Q, K, V, the attention output and its row logsumexp,
+              the residual, the MLP's U), saved by autograd
+    backward  block_bwd[_causal]: dx and every weight's gradient from x, the weights, those
               activations and dy
 
-x (batch, n, d_model) -> rmsnorm -> Q, K, V per head -> attention (not causal: the block
-kernels compose the non-causal attention) -> output projection + x -> rmsnorm -> gated MLP
--> + residual. The weights in the kernels' layout: Wq, Wk, Wv (d_model, heads, d_head), Wo
+x (batch, n, d_model) -> rmsnorm -> Q, K, V per head -> attention (causal or not) -> output
+projection + x -> rmsnorm -> gated MLP -> + residual. The weights in the kernels' layout: Wq, Wk, Wv (d_model, heads, d_head), Wo
 (heads, d_head, d_model), Wg, Wu (d_model, d_ff), Wd (d_ff, d_model)."""
 import math
 from typing import List
@@ -17,7 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from moagen.kernels.block import FORWARD
-from moagen.torch_ops.native import call, check_dims, check_lang, check_size, check_tensors
+from moagen.torch_ops.native import (call, causal_name, check_dims, check_lang, check_size,
+                                     check_tensors)
 
 WEIGHTS = tuple(a.name for a in FORWARD.inputs[1:])  # norm1, Wq, ..., Wd
 KEPT = FORWARD.kept()  # what block_fwd returns after y, in its order
@@ -58,33 +58,35 @@ def _kept_shapes(x, weights):
 
 
 @torch.library.custom_op("moagen::block", mutates_args=())
-def block_op(x: Tensor, weights: List[Tensor], eps: float, scale: float,
+def block_op(x: Tensor, weights: List[Tensor], eps: float, scale: float, causal: bool,
              lang: str) -> List[Tensor]:
     """[y, *kept]."""
     _check("moagen::block", x, weights, lang)
-    return list(call("block_fwd", "composed", lang, x, *weights, eps=eps, scale=scale))
+    return list(call(causal_name("block_fwd", causal), "composed", lang, x, *weights,
+                     eps=eps, scale=scale))
 
 
 @block_op.register_fake
-def _(x, weights, eps, scale, lang):
+def _(x, weights, eps, scale, causal, lang):
     _check("moagen::block", x, weights, lang)
     return [x.new_empty(x.shape)] + [x.new_empty(s) for s in _kept_shapes(x, weights).values()]
 
 
 @torch.library.custom_op("moagen::block_backward", mutates_args=())
 def block_backward_op(x: Tensor, weights: List[Tensor], kept: List[Tensor], grad_y: Tensor,
-                      scale: float, lang: str) -> List[Tensor]:
+                      scale: float, causal: bool, lang: str) -> List[Tensor]:
     """[dx, dnorm1, dWq, ..., dWd]."""
-    return list(call("block_bwd", "composed", lang, x, *weights, *kept, grad_y, scale=scale))
+    return list(call(causal_name("block_bwd", causal), "composed", lang, x, *weights, *kept,
+                     grad_y, scale=scale))
 
 
 @block_backward_op.register_fake
-def _(x, weights, kept, grad_y, scale, lang):
+def _(x, weights, kept, grad_y, scale, causal, lang):
     return [t.new_empty(t.shape) for t in (x, *weights)]
 
 
 def _setup(ctx, inputs, output):
-    x, weights, _eps, ctx.scale, ctx.lang = inputs
+    x, weights, _eps, ctx.scale, ctx.causal, ctx.lang = inputs
     ctx.n_weights = len(weights)
     ctx.save_for_backward(x, *weights, *output[1:])
     ctx.mark_non_differentiable(*output[1:])
@@ -93,8 +95,9 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, grads):
     x, *rest = ctx.saved_tensors
     weights, kept = rest[:ctx.n_weights], rest[ctx.n_weights:]
-    dx, *dweights = block_backward_op(x, weights, kept, grads[0], ctx.scale, ctx.lang)
-    return dx, dweights, None, None, None
+    dx, *dweights = block_backward_op(x, weights, kept, grads[0], ctx.scale, ctx.causal,
+                                      ctx.lang)
+    return dx, dweights, None, None, None, None
 
 
 block_op.register_autograd(_backward, setup_context=_setup)
@@ -105,7 +108,7 @@ class Block(nn.Module):
     Weights are initialized as a model's are (matrices N(0, 1/fan_in), norms 1)."""
 
     def __init__(self, d_model: int, heads: int, d_head: int, d_ff: int, eps: float = 1e-5,
-                 dtype=torch.float32, lang: str = "c"):
+                 dtype=torch.float32, lang: str = "c", causal: bool = False):
         super().__init__()
         check_lang("moagen.torch.Block", lang)
         if min(d_model, heads, d_head, d_ff) < 1:
@@ -113,7 +116,7 @@ class Block(nn.Module):
                              f"least 1, got {d_model}, {heads}, {d_head}, {d_ff}")
         if not eps > 0:
             raise ValueError(f"moagen.torch.Block: eps must be positive, got {eps}")
-        self.eps, self.scale, self.lang = eps, 1 / math.sqrt(d_head), lang
+        self.eps, self.scale, self.lang, self.causal = eps, 1 / math.sqrt(d_head), lang, causal
         probe = torch.empty(1, 1, d_model)
         for name, shape in _shapes(probe, heads, d_head, d_ff).items():
             if len(shape) == 1:
@@ -127,4 +130,4 @@ class Block(nn.Module):
         return [getattr(self, name) for name in WEIGHTS]
 
     def forward(self, x: Tensor) -> Tensor:
-        return block_op(x, self.weights(), self.eps, self.scale, self.lang)[0]
+        return block_op(x, self.weights(), self.eps, self.scale, self.causal, self.lang)[0]

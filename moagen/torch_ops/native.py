@@ -80,3 +80,8 @@ def call(name, variant, lang, *tensors, **scalars):
     if isinstance(result, tuple):
         return tuple(torch.from_numpy(a) for a in result)
     return torch.from_numpy(result)
+
+
+def causal_name(kernel: str, causal: bool) -> str:
+    """The kernel's causal twin's name where causal (attention_fwd -> attention_fwd_causal)."""
+    return kernel + "_causal" if causal else kernel
