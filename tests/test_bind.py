@@ -192,3 +192,34 @@ def test_a_size_no_input_determines_is_an_integer_argument():
     assert stub.calls == []
     kernel(np.ones(6), n=3)
     assert len(stub.calls) == 1
+
+
+def _with_scratch():
+    n = sympy.Symbol("n")
+    return Signature("work_f64", (ArrayParam("a", (n,), "in"), ArrayParam("b", (n,), "out"),
+                                  ArrayParam("t", (n, n), "scratch")),
+                     (n,), (), "float64")
+
+
+def test_host_scratch_is_kept_per_thread_while_its_shape_holds(monkeypatch):
+    """Fresh memory costs page faults on every call; a thread's next call of the same
+    shapes gets the same scratch, another thread its own, another shape new memory."""
+    import threading
+    import moagen.bind.abi as abi
+    stub = Stub()
+    kernel = KernelCallable(_with_scratch(), stub)
+    kernel(np.ones(4))
+    kernel(np.ones(4))
+    first, second = (args[2] for args in stub.calls)
+    assert first is second and first.shape == (4, 4)
+    other = threading.Thread(target=kernel, args=(np.ones(4),))
+    other.start()
+    other.join()
+    assert stub.calls[2][2] is not first and stub.calls[2][2].shape == (4, 4)
+    kernel(np.ones(5))
+    assert stub.calls[3][2].shape == (5, 5) and stub.calls[3][2] is not first
+    # beyond the limit nothing is held: each call its own
+    monkeypatch.setattr(abi, "KEEP_HOST_SCRATCH", 8 * 24)
+    kernel(np.ones(5))
+    kernel(np.ones(5))
+    assert stub.calls[4][2] is not stub.calls[5][2]

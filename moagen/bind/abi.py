@@ -11,6 +11,7 @@ A kernel that runs on a device (CUDA) also takes device arrays, any object with
 call's arrays are then on the device, and the outputs it allocates too.
 """
 import math
+import threading
 from numbers import Real
 
 import numpy as np
@@ -19,6 +20,12 @@ import sympy
 from moagen.moa.expr import INDEX_NAMESPACE
 
 from .cuda_arrays import DeviceArray, DeviceView, device_view
+
+# A host kernel's scratch up to this size is kept for the thread's next call of the same
+# shapes: fresh memory is page-faulted and zeroed by the OS on first touch, which costs as
+# much as a small kernel's work (~4 ms for 10 MB here). Larger scratch is not held between
+# calls.
+KEEP_HOST_SCRATCH = 256 * 2**20  # bytes
 
 
 class KernelCallable:
@@ -34,8 +41,10 @@ class KernelCallable:
         self._validate = validate
         self.device = device
         # a device kernel's scratch, kept from call to call: allocating and freeing GPU
-        # memory synchronizes the device, which a timed call would pay every time
+        # memory synchronizes the device, which a timed call would pay every time; a host
+        # kernel's, per thread (two threads' calls must not share it), up to KEEP_HOST_SCRATCH
         self._device_scratch = {}
+        self._host_scratch = threading.local()
         self._dtype = np.dtype(signature.dtype)
         self._largest = float(np.finfo(self._dtype).max)  # a Python float: compares without a cast
         self._shape_of = {a.name: sympy.lambdify(signature.sizes, sympy.Tuple(*a.shape),
@@ -133,17 +142,23 @@ class KernelCallable:
         return np.empty(shape, self._dtype, order=order)
 
     def _scratch(self, param, sizes):
-        """A host kernel's scratch, new each call; a device kernel's, kept while its shape
-        stays the same."""
+        """The call's scratch, kept from the last call while its shape stays the same (see
+        KEEP_HOST_SCRATCH and __init__)."""
         shape = self._expected(param, sizes)
-        if self.device is None:
-            return self._empty(shape, False)
-        kept = self._device_scratch.pop(param.name, None)
-        if kept is None or kept.shape != shape:
-            kept = None  # the old memory is freed before the new is allocated
-            kept = self._empty(shape, True)
-        self._device_scratch[param.name] = kept
-        return kept
+        on_device = self.device is not None
+        if on_device:
+            kept = self._device_scratch
+        else:
+            kept = self._host_scratch.__dict__
+            if math.prod(shape) * self._dtype.itemsize > KEEP_HOST_SCRATCH:
+                kept.pop(param.name, None)
+                return self._empty(shape, False)
+        array = kept.pop(param.name, None)
+        if array is None or array.shape != shape:
+            array = None  # the old memory is freed before the new is allocated
+            array = self._empty(shape, on_device)
+        kept[param.name] = array
+        return array
 
     def _check_array(self, what, param, array):
         """Rank, dtype, layout: what makes the raw pointer mean what the kernel thinks."""
