@@ -1,8 +1,7 @@
 """From a kernel name to source text: spec -> DNF -> ONF -> the language's printer
 (moagen.targets)."""
-from moagen.errors import UnknownNameError
 from moagen.kernels import get_kernel
-from moagen.onf.signature import DTYPES
+from moagen.onf.signature import DTYPES, check_dtype
 from moagen.pipeline import onf_of, param_pairs
 from moagen.targets import get_target
 
@@ -13,12 +12,6 @@ def stem(kernel: str, variant: str) -> str:
 
 def filename(kernel: str, variant: str, lang: str) -> str:
     return f"{stem(kernel, variant)}.{get_target(lang).extension}"
-
-
-def check_dtype(dtype):
-    if dtype not in DTYPES:
-        raise UnknownNameError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-    return dtype
 
 
 def emit(kernel: str, variant: str = None, lang: str = "c", dtypes=DTYPES, params=None) -> str:

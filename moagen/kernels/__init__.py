@@ -21,7 +21,7 @@ from moagen.kernels.compose import Composite, compose
 from moagen.kernels.layers import DEFAULTS_OF, Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.spec import KernelSpec
-from moagen.onf.signature import DTYPES
+from moagen.onf.signature import check_dtype
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,7 @@ class Variant:
     space: Mapping[str, Tuple[int, ...]] = field(default_factory=dict)
 
     def defaults_for(self, target: str = "cpu", dtype: str = "float64") -> Dict[str, int]:
-        target = DEFAULTS_OF.get(target, target)
-        if dtype not in DTYPES:
-            raise UnknownNameError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+        target, dtype = DEFAULTS_OF.get(target, target), check_dtype(dtype)
         if target not in self.defaults and self.defaults:
             raise UnknownNameError(f"variant {self.name} has no defaults for target {target!r}; "
                                    f"it has {', '.join(self.defaults)}")
