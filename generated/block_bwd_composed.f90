@@ -3652,13 +3652,13 @@ contains
     real(c_float), intent(out) :: mlp_WuT(0:dff * dm - 1)
     real(c_float), intent(out) :: mlp_XT(0:batch * dm * n - 1)
     real(c_float), intent(out) :: mlp_HT(0:batch * dff * n - 1)
-    real(c_float), intent(out) :: mlp_WdT_panel(0:((dff) / 8) * dm * 8 - 1)
-    real(c_float), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
-    real(c_float), intent(out) :: mlp_WgT_panel(0:((dm) / 8) * dff * 8 - 1)
-    real(c_float), intent(out) :: mlp_WuT_panel(0:((dm) / 8) * dff * 8 - 1)
-    real(c_float), intent(out) :: mlp_dU_panel(0:((dff) / 8) * batch * n * 8 - 1)
-    real(c_float), intent(out) :: mlp_dV_panel(0:((dff) / 8) * batch * n * 8 - 1)
-    real(c_float), intent(out) :: mlp_dF_panel(0:((dm) / 8) * batch * n * 8 - 1)
+    real(c_float), intent(out) :: mlp_WdT_panel(0:((dff) / 16) * dm * 16 - 1)
+    real(c_float), intent(out) :: mlp_Wu_panel(0:((dff) / 16) * dm * 16 - 1)
+    real(c_float), intent(out) :: mlp_WgT_panel(0:((dm) / 16) * dff * 16 - 1)
+    real(c_float), intent(out) :: mlp_WuT_panel(0:((dm) / 16) * dff * 16 - 1)
+    real(c_float), intent(out) :: mlp_dU_panel(0:((dff) / 16) * batch * n * 16 - 1)
+    real(c_float), intent(out) :: mlp_dV_panel(0:((dff) / 16) * batch * n * 16 - 1)
+    real(c_float), intent(out) :: mlp_dF_panel(0:((dm) / 16) * batch * n * 16 - 1)
     real(c_float), intent(out) :: norm2_dweight_part(0:16 * dm - 1)
     real(c_float), intent(out) :: out_WoT(0:heads * dm * dh - 1)
     real(c_float), intent(out) :: out_WoT_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
@@ -3690,12 +3690,18 @@ contains
         & dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dQ_row, dK_row, dV_row, &
         & qkv_dQ_panel_row, qkv_dK_panel_row, qkv_dV_panel_row
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
-        & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
-        & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
-        & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
-        & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
-        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfwd, xu, t, acc, over_b, total, t2, dweight_sum, &
-        & dywo, ody, rowdot, qk, dov, t3, over_h, dqwq, xdq, xdk, xdv
+        & acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, &
+        & acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, &
+        & acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, &
+        & acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, &
+        & acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+        & acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, &
+        & acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
+        & acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, &
+        & acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, &
+        & acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15, dfwd, xu, t, acc, &
+        & over_b, total, t2, dweight_sum, dywo, ody, rowdot, qk, dov, t3, over_h, dqwq, xdq, xdk, &
+        & xdv
 
     ! norm2_recompute.z: reads norm2, resid, inv_rms2; scratch xn2
     ! for b, i (parallel) / c (simd)
@@ -3722,12 +3728,12 @@ contains
     ! mlp.dH.pack_WdT: scratch mlp_WdT_panel, mlp_WdT
     ! for e_tile (parallel) / c / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_WdT_panel_row)
-    do e_tile = 0, ((dff) / 8) - 1
+    do e_tile = 0, ((dff) / 16) - 1
       do c = 0, dm - 1
-        mlp_WdT_panel_row = 8*c + 8*dm*e_tile
+        mlp_WdT_panel_row = 16*c + 16*dm*e_tile
         !$omp simd
-        do lane = 0, 7
-          mlp_WdT_panel(mlp_WdT_panel_row + lane) = mlp_WdT(c*dff + 8*e_tile + lane)
+        do lane = 0, 15
+          mlp_WdT_panel(mlp_WdT_panel_row + lane) = mlp_WdT(c*dff + 16*e_tile + lane)
         end do
       end do
     end do
@@ -3736,14 +3742,20 @@ contains
     ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
     !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, dy_row0, dy_row1, &
     !$omp& dy_row2, dy_row3, dy_row4, dy_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
+    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
+    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
+    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
+    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
+    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
+    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
+    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
+    !$omp& acc_5_15)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
-        do e_tile = 0, ((dff) / 8) - 1
+        do e_tile = 0, ((dff) / 16) - 1
           do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
             dy_row0 = dm*(b*n + min(6*i_tile, n - 1))
             dy_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
@@ -3759,6 +3771,14 @@ contains
             acc_0_5 = 0.0_c_float
             acc_0_6 = 0.0_c_float
             acc_0_7 = 0.0_c_float
+            acc_0_8 = 0.0_c_float
+            acc_0_9 = 0.0_c_float
+            acc_0_10 = 0.0_c_float
+            acc_0_11 = 0.0_c_float
+            acc_0_12 = 0.0_c_float
+            acc_0_13 = 0.0_c_float
+            acc_0_14 = 0.0_c_float
+            acc_0_15 = 0.0_c_float
             acc_1_0 = 0.0_c_float
             acc_1_1 = 0.0_c_float
             acc_1_2 = 0.0_c_float
@@ -3767,6 +3787,14 @@ contains
             acc_1_5 = 0.0_c_float
             acc_1_6 = 0.0_c_float
             acc_1_7 = 0.0_c_float
+            acc_1_8 = 0.0_c_float
+            acc_1_9 = 0.0_c_float
+            acc_1_10 = 0.0_c_float
+            acc_1_11 = 0.0_c_float
+            acc_1_12 = 0.0_c_float
+            acc_1_13 = 0.0_c_float
+            acc_1_14 = 0.0_c_float
+            acc_1_15 = 0.0_c_float
             acc_2_0 = 0.0_c_float
             acc_2_1 = 0.0_c_float
             acc_2_2 = 0.0_c_float
@@ -3775,6 +3803,14 @@ contains
             acc_2_5 = 0.0_c_float
             acc_2_6 = 0.0_c_float
             acc_2_7 = 0.0_c_float
+            acc_2_8 = 0.0_c_float
+            acc_2_9 = 0.0_c_float
+            acc_2_10 = 0.0_c_float
+            acc_2_11 = 0.0_c_float
+            acc_2_12 = 0.0_c_float
+            acc_2_13 = 0.0_c_float
+            acc_2_14 = 0.0_c_float
+            acc_2_15 = 0.0_c_float
             acc_3_0 = 0.0_c_float
             acc_3_1 = 0.0_c_float
             acc_3_2 = 0.0_c_float
@@ -3783,6 +3819,14 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_3_8 = 0.0_c_float
+            acc_3_9 = 0.0_c_float
+            acc_3_10 = 0.0_c_float
+            acc_3_11 = 0.0_c_float
+            acc_3_12 = 0.0_c_float
+            acc_3_13 = 0.0_c_float
+            acc_3_14 = 0.0_c_float
+            acc_3_15 = 0.0_c_float
             acc_4_0 = 0.0_c_float
             acc_4_1 = 0.0_c_float
             acc_4_2 = 0.0_c_float
@@ -3791,6 +3835,14 @@ contains
             acc_4_5 = 0.0_c_float
             acc_4_6 = 0.0_c_float
             acc_4_7 = 0.0_c_float
+            acc_4_8 = 0.0_c_float
+            acc_4_9 = 0.0_c_float
+            acc_4_10 = 0.0_c_float
+            acc_4_11 = 0.0_c_float
+            acc_4_12 = 0.0_c_float
+            acc_4_13 = 0.0_c_float
+            acc_4_14 = 0.0_c_float
+            acc_4_15 = 0.0_c_float
             acc_5_0 = 0.0_c_float
             acc_5_1 = 0.0_c_float
             acc_5_2 = 0.0_c_float
@@ -3799,105 +3851,209 @@ contains
             acc_5_5 = 0.0_c_float
             acc_5_6 = 0.0_c_float
             acc_5_7 = 0.0_c_float
+            acc_5_8 = 0.0_c_float
+            acc_5_9 = 0.0_c_float
+            acc_5_10 = 0.0_c_float
+            acc_5_11 = 0.0_c_float
+            acc_5_12 = 0.0_c_float
+            acc_5_13 = 0.0_c_float
+            acc_5_14 = 0.0_c_float
+            acc_5_15 = 0.0_c_float
             !GCC$ novector
             do c = 0, dm - 1
-              acc_0_0 = acc_0_0 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-              acc_0_1 = acc_0_1 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-              acc_0_2 = acc_0_2 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-              acc_0_3 = acc_0_3 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-              acc_0_4 = acc_0_4 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-              acc_0_5 = acc_0_5 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-              acc_0_6 = acc_0_6 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-              acc_0_7 = acc_0_7 + dy(dy_row0 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-              acc_1_0 = acc_1_0 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-              acc_1_1 = acc_1_1 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-              acc_1_2 = acc_1_2 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-              acc_1_3 = acc_1_3 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-              acc_1_4 = acc_1_4 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-              acc_1_5 = acc_1_5 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-              acc_1_6 = acc_1_6 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-              acc_1_7 = acc_1_7 + dy(dy_row1 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-              acc_2_0 = acc_2_0 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-              acc_2_1 = acc_2_1 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-              acc_2_2 = acc_2_2 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-              acc_2_3 = acc_2_3 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-              acc_2_4 = acc_2_4 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-              acc_2_5 = acc_2_5 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-              acc_2_6 = acc_2_6 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-              acc_2_7 = acc_2_7 + dy(dy_row2 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-              acc_3_0 = acc_3_0 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-              acc_3_1 = acc_3_1 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-              acc_3_2 = acc_3_2 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-              acc_3_3 = acc_3_3 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-              acc_3_4 = acc_3_4 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-              acc_3_5 = acc_3_5 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-              acc_3_6 = acc_3_6 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-              acc_3_7 = acc_3_7 + dy(dy_row3 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-              acc_4_0 = acc_4_0 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-              acc_4_1 = acc_4_1 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-              acc_4_2 = acc_4_2 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-              acc_4_3 = acc_4_3 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-              acc_4_4 = acc_4_4 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-              acc_4_5 = acc_4_5 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-              acc_4_6 = acc_4_6 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-              acc_4_7 = acc_4_7 + dy(dy_row4 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
-              acc_5_0 = acc_5_0 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile)
-              acc_5_1 = acc_5_1 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 1)
-              acc_5_2 = acc_5_2 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 2)
-              acc_5_3 = acc_5_3 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 3)
-              acc_5_4 = acc_5_4 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 4)
-              acc_5_5 = acc_5_5 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 5)
-              acc_5_6 = acc_5_6 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 6)
-              acc_5_7 = acc_5_7 + dy(dy_row5 + c) * mlp_WdT_panel(8*c + 8*dm*e_tile + 7)
+              acc_0_0 = acc_0_0 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile)
+              acc_0_1 = acc_0_1 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 7)
+              acc_0_8 = acc_0_8 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 8)
+              acc_0_9 = acc_0_9 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 9)
+              acc_0_10 = acc_0_10 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 10)
+              acc_0_11 = acc_0_11 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 11)
+              acc_0_12 = acc_0_12 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 12)
+              acc_0_13 = acc_0_13 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 13)
+              acc_0_14 = acc_0_14 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 14)
+              acc_0_15 = acc_0_15 + dy(dy_row0 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 15)
+              acc_1_0 = acc_1_0 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile)
+              acc_1_1 = acc_1_1 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 7)
+              acc_1_8 = acc_1_8 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 8)
+              acc_1_9 = acc_1_9 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 9)
+              acc_1_10 = acc_1_10 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 10)
+              acc_1_11 = acc_1_11 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 11)
+              acc_1_12 = acc_1_12 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 12)
+              acc_1_13 = acc_1_13 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 13)
+              acc_1_14 = acc_1_14 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 14)
+              acc_1_15 = acc_1_15 + dy(dy_row1 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 15)
+              acc_2_0 = acc_2_0 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile)
+              acc_2_1 = acc_2_1 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 7)
+              acc_2_8 = acc_2_8 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 8)
+              acc_2_9 = acc_2_9 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 9)
+              acc_2_10 = acc_2_10 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 10)
+              acc_2_11 = acc_2_11 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 11)
+              acc_2_12 = acc_2_12 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 12)
+              acc_2_13 = acc_2_13 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 13)
+              acc_2_14 = acc_2_14 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 14)
+              acc_2_15 = acc_2_15 + dy(dy_row2 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 15)
+              acc_3_0 = acc_3_0 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile)
+              acc_3_1 = acc_3_1 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 7)
+              acc_3_8 = acc_3_8 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 8)
+              acc_3_9 = acc_3_9 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 9)
+              acc_3_10 = acc_3_10 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 10)
+              acc_3_11 = acc_3_11 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 11)
+              acc_3_12 = acc_3_12 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 12)
+              acc_3_13 = acc_3_13 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 13)
+              acc_3_14 = acc_3_14 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 14)
+              acc_3_15 = acc_3_15 + dy(dy_row3 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 15)
+              acc_4_0 = acc_4_0 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile)
+              acc_4_1 = acc_4_1 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 7)
+              acc_4_8 = acc_4_8 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 8)
+              acc_4_9 = acc_4_9 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 9)
+              acc_4_10 = acc_4_10 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 10)
+              acc_4_11 = acc_4_11 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 11)
+              acc_4_12 = acc_4_12 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 12)
+              acc_4_13 = acc_4_13 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 13)
+              acc_4_14 = acc_4_14 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 14)
+              acc_4_15 = acc_4_15 + dy(dy_row4 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 15)
+              acc_5_0 = acc_5_0 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile)
+              acc_5_1 = acc_5_1 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 7)
+              acc_5_8 = acc_5_8 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 8)
+              acc_5_9 = acc_5_9 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 9)
+              acc_5_10 = acc_5_10 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 10)
+              acc_5_11 = acc_5_11 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 11)
+              acc_5_12 = acc_5_12 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 12)
+              acc_5_13 = acc_5_13 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 13)
+              acc_5_14 = acc_5_14 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 14)
+              acc_5_15 = acc_5_15 + dy(dy_row5 + c) * mlp_WdT_panel(16*c + 16*dm*e_tile + 15)
             end do
-            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
-            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile) = acc_0_0
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 1) = acc_0_1
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 2) = acc_0_2
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 3) = acc_0_3
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 4) = acc_0_4
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 5) = acc_0_5
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 6) = acc_0_6
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 7) = acc_0_7
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 8) = acc_0_8
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 9) = acc_0_9
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 10) = acc_0_10
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 11) = acc_0_11
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 12) = acc_0_12
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 13) = acc_0_13
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 14) = acc_0_14
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 15) = acc_0_15
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile) = acc_1_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 1) = acc_1_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 2) = acc_1_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 3) = acc_1_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 4) = acc_1_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 5) = acc_1_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 6) = acc_1_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 7) = acc_1_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 8) = acc_1_8
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 9) = acc_1_9
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 10) = acc_1_10
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 11) = acc_1_11
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 12) = acc_1_12
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 13) = acc_1_13
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 14) = acc_1_14
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 15) = acc_1_15
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile) = acc_2_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 1) = acc_2_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 2) = acc_2_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 3) = acc_2_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 4) = acc_2_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 5) = acc_2_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 6) = acc_2_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 7) = acc_2_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 8) = acc_2_8
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 9) = acc_2_9
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 10) = acc_2_10
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 11) = acc_2_11
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 12) = acc_2_12
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 13) = acc_2_13
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 14) = acc_2_14
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 15) = acc_2_15
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile) = acc_3_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 1) = acc_3_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 2) = acc_3_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 3) = acc_3_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 4) = acc_3_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 5) = acc_3_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 6) = acc_3_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 7) = acc_3_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 8) = acc_3_8
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 9) = acc_3_9
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 10) = acc_3_10
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 11) = acc_3_11
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 12) = acc_3_12
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 13) = acc_3_13
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 14) = acc_3_14
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 15) = acc_3_15
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile) = acc_4_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 1) = acc_4_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 2) = acc_4_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 3) = acc_4_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 4) = acc_4_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 5) = acc_4_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 6) = acc_4_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 7) = acc_4_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 8) = acc_4_8
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 9) = acc_4_9
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 10) = acc_4_10
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 11) = acc_4_11
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 12) = acc_4_12
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 13) = acc_4_13
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 14) = acc_4_14
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 15) = acc_4_15
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile) = acc_5_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 1) = acc_5_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 2) = acc_5_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 3) = acc_5_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 4) = acc_5_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 5) = acc_5_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 6) = acc_5_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 7) = acc_5_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 8) = acc_5_8
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 9) = acc_5_9
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 10) = acc_5_10
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 11) = acc_5_11
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 12) = acc_5_12
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 13) = acc_5_13
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 14) = acc_5_14
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 15) = acc_5_15
           end do
         end do
       end do
@@ -3908,7 +4064,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e, c, dfwd)
     do b = 0, batch - 1
       do i = 0, n - 1
-        do e = 8*((dff) / 8), dff - 1
+        do e = 16*((dff) / 16), dff - 1
           dfwd = 0.0_c_float
           !$omp simd reduction(+:dfwd)
           do c = 0, dm - 1
@@ -3922,12 +4078,12 @@ contains
     ! mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
     ! for e_tile (parallel) / c / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_Wu_panel_row)
-    do e_tile = 0, ((dff) / 8) - 1
+    do e_tile = 0, ((dff) / 16) - 1
       do c = 0, dm - 1
-        mlp_Wu_panel_row = 8*c + 8*dm*e_tile
+        mlp_Wu_panel_row = 16*c + 16*dm*e_tile
         !$omp simd
-        do lane = 0, 7
-          mlp_Wu_panel(mlp_Wu_panel_row + lane) = Wu(c*dff + 8*e_tile + lane)
+        do lane = 0, 15
+          mlp_Wu_panel(mlp_Wu_panel_row + lane) = Wu(c*dff + 16*e_tile + lane)
         end do
       end do
     end do
@@ -3936,14 +4092,20 @@ contains
     ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
     !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, xn2_row0, xn2_row1, &
     !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
+    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
+    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
+    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
+    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
+    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
+    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
+    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
+    !$omp& acc_5_15)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
-        do e_tile = 0, ((dff) / 8) - 1
+        do e_tile = 0, ((dff) / 16) - 1
           do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
             xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
             xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
@@ -3959,6 +4121,14 @@ contains
             acc_0_5 = 0.0_c_float
             acc_0_6 = 0.0_c_float
             acc_0_7 = 0.0_c_float
+            acc_0_8 = 0.0_c_float
+            acc_0_9 = 0.0_c_float
+            acc_0_10 = 0.0_c_float
+            acc_0_11 = 0.0_c_float
+            acc_0_12 = 0.0_c_float
+            acc_0_13 = 0.0_c_float
+            acc_0_14 = 0.0_c_float
+            acc_0_15 = 0.0_c_float
             acc_1_0 = 0.0_c_float
             acc_1_1 = 0.0_c_float
             acc_1_2 = 0.0_c_float
@@ -3967,6 +4137,14 @@ contains
             acc_1_5 = 0.0_c_float
             acc_1_6 = 0.0_c_float
             acc_1_7 = 0.0_c_float
+            acc_1_8 = 0.0_c_float
+            acc_1_9 = 0.0_c_float
+            acc_1_10 = 0.0_c_float
+            acc_1_11 = 0.0_c_float
+            acc_1_12 = 0.0_c_float
+            acc_1_13 = 0.0_c_float
+            acc_1_14 = 0.0_c_float
+            acc_1_15 = 0.0_c_float
             acc_2_0 = 0.0_c_float
             acc_2_1 = 0.0_c_float
             acc_2_2 = 0.0_c_float
@@ -3975,6 +4153,14 @@ contains
             acc_2_5 = 0.0_c_float
             acc_2_6 = 0.0_c_float
             acc_2_7 = 0.0_c_float
+            acc_2_8 = 0.0_c_float
+            acc_2_9 = 0.0_c_float
+            acc_2_10 = 0.0_c_float
+            acc_2_11 = 0.0_c_float
+            acc_2_12 = 0.0_c_float
+            acc_2_13 = 0.0_c_float
+            acc_2_14 = 0.0_c_float
+            acc_2_15 = 0.0_c_float
             acc_3_0 = 0.0_c_float
             acc_3_1 = 0.0_c_float
             acc_3_2 = 0.0_c_float
@@ -3983,6 +4169,14 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_3_8 = 0.0_c_float
+            acc_3_9 = 0.0_c_float
+            acc_3_10 = 0.0_c_float
+            acc_3_11 = 0.0_c_float
+            acc_3_12 = 0.0_c_float
+            acc_3_13 = 0.0_c_float
+            acc_3_14 = 0.0_c_float
+            acc_3_15 = 0.0_c_float
             acc_4_0 = 0.0_c_float
             acc_4_1 = 0.0_c_float
             acc_4_2 = 0.0_c_float
@@ -3991,6 +4185,14 @@ contains
             acc_4_5 = 0.0_c_float
             acc_4_6 = 0.0_c_float
             acc_4_7 = 0.0_c_float
+            acc_4_8 = 0.0_c_float
+            acc_4_9 = 0.0_c_float
+            acc_4_10 = 0.0_c_float
+            acc_4_11 = 0.0_c_float
+            acc_4_12 = 0.0_c_float
+            acc_4_13 = 0.0_c_float
+            acc_4_14 = 0.0_c_float
+            acc_4_15 = 0.0_c_float
             acc_5_0 = 0.0_c_float
             acc_5_1 = 0.0_c_float
             acc_5_2 = 0.0_c_float
@@ -3999,105 +4201,209 @@ contains
             acc_5_5 = 0.0_c_float
             acc_5_6 = 0.0_c_float
             acc_5_7 = 0.0_c_float
+            acc_5_8 = 0.0_c_float
+            acc_5_9 = 0.0_c_float
+            acc_5_10 = 0.0_c_float
+            acc_5_11 = 0.0_c_float
+            acc_5_12 = 0.0_c_float
+            acc_5_13 = 0.0_c_float
+            acc_5_14 = 0.0_c_float
+            acc_5_15 = 0.0_c_float
             !GCC$ novector
             do c = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+              acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
+              acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
+              acc_0_8 = acc_0_8 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
+              acc_0_9 = acc_0_9 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
+              acc_0_10 = acc_0_10 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
+              acc_0_11 = acc_0_11 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
+              acc_0_12 = acc_0_12 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
+              acc_0_13 = acc_0_13 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
+              acc_0_14 = acc_0_14 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
+              acc_0_15 = acc_0_15 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
+              acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
+              acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
+              acc_1_8 = acc_1_8 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
+              acc_1_9 = acc_1_9 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
+              acc_1_10 = acc_1_10 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
+              acc_1_11 = acc_1_11 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
+              acc_1_12 = acc_1_12 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
+              acc_1_13 = acc_1_13 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
+              acc_1_14 = acc_1_14 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
+              acc_1_15 = acc_1_15 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
+              acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
+              acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
+              acc_2_8 = acc_2_8 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
+              acc_2_9 = acc_2_9 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
+              acc_2_10 = acc_2_10 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
+              acc_2_11 = acc_2_11 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
+              acc_2_12 = acc_2_12 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
+              acc_2_13 = acc_2_13 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
+              acc_2_14 = acc_2_14 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
+              acc_2_15 = acc_2_15 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
+              acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
+              acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
+              acc_3_8 = acc_3_8 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
+              acc_3_9 = acc_3_9 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
+              acc_3_10 = acc_3_10 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
+              acc_3_11 = acc_3_11 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
+              acc_3_12 = acc_3_12 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
+              acc_3_13 = acc_3_13 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
+              acc_3_14 = acc_3_14 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
+              acc_3_15 = acc_3_15 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
+              acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
+              acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
+              acc_4_8 = acc_4_8 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
+              acc_4_9 = acc_4_9 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
+              acc_4_10 = acc_4_10 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
+              acc_4_11 = acc_4_11 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
+              acc_4_12 = acc_4_12 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
+              acc_4_13 = acc_4_13 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
+              acc_4_14 = acc_4_14 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
+              acc_4_15 = acc_4_15 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
+              acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
+              acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
+              acc_5_8 = acc_5_8 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
+              acc_5_9 = acc_5_9 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
+              acc_5_10 = acc_5_10 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
+              acc_5_11 = acc_5_11 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
+              acc_5_12 = acc_5_12 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
+              acc_5_13 = acc_5_13 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
+              acc_5_14 = acc_5_14 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
+              acc_5_15 = acc_5_15 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
             end do
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile) = acc_0_0
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 1) = acc_0_1
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 2) = acc_0_2
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 3) = acc_0_3
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 4) = acc_0_4
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 5) = acc_0_5
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 6) = acc_0_6
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 7) = acc_0_7
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 8) = acc_0_8
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 9) = acc_0_9
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 10) = acc_0_10
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 11) = acc_0_11
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 12) = acc_0_12
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 13) = acc_0_13
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 14) = acc_0_14
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 15) = acc_0_15
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile) = acc_1_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 1) = acc_1_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 2) = acc_1_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 3) = acc_1_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 4) = acc_1_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 5) = acc_1_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 6) = acc_1_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 7) = acc_1_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 8) = acc_1_8
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 9) = acc_1_9
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 10) = acc_1_10
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 11) = acc_1_11
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 12) = acc_1_12
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 13) = acc_1_13
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 14) = acc_1_14
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 15) = acc_1_15
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile) = acc_2_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 1) = acc_2_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 2) = acc_2_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 3) = acc_2_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 4) = acc_2_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 5) = acc_2_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 6) = acc_2_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 7) = acc_2_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 8) = acc_2_8
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 9) = acc_2_9
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 10) = acc_2_10
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 11) = acc_2_11
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 12) = acc_2_12
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 13) = acc_2_13
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 14) = acc_2_14
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 15) = acc_2_15
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile) = acc_3_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 1) = acc_3_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 2) = acc_3_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 3) = acc_3_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 4) = acc_3_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 5) = acc_3_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 6) = acc_3_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 7) = acc_3_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 8) = acc_3_8
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 9) = acc_3_9
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 10) = acc_3_10
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 11) = acc_3_11
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 12) = acc_3_12
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 13) = acc_3_13
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 14) = acc_3_14
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 15) = acc_3_15
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile) = acc_4_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 1) = acc_4_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 2) = acc_4_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 3) = acc_4_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 4) = acc_4_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 5) = acc_4_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 6) = acc_4_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 7) = acc_4_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 8) = acc_4_8
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 9) = acc_4_9
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 10) = acc_4_10
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 11) = acc_4_11
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 12) = acc_4_12
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 13) = acc_4_13
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 14) = acc_4_14
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 15) = acc_4_15
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile) = acc_5_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 1) = acc_5_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 2) = acc_5_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 3) = acc_5_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 4) = acc_5_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 5) = acc_5_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 6) = acc_5_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 7) = acc_5_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 8) = acc_5_8
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 9) = acc_5_9
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 10) = acc_5_10
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 11) = acc_5_11
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 12) = acc_5_12
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 13) = acc_5_13
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 14) = acc_5_14
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 15) = acc_5_15
           end do
         end do
       end do
@@ -4108,7 +4414,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
-        do e = 8*((dff) / 8), dff - 1
+        do e = 16*((dff) / 16), dff - 1
           xu = 0.0_c_float
           !$omp simd reduction(+:xu)
           do c = 0, dm - 1
@@ -4170,12 +4476,12 @@ contains
     ! mlp.dX.pack_WgT: scratch mlp_WgT_panel, mlp_WgT
     ! for c_tile (parallel) / e / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, lane, mlp_WgT_panel_row)
-    do c_tile = 0, ((dm) / 8) - 1
+    do c_tile = 0, ((dm) / 16) - 1
       do e = 0, dff - 1
-        mlp_WgT_panel_row = 8*c_tile*dff + 8*e
+        mlp_WgT_panel_row = 16*c_tile*dff + 16*e
         !$omp simd
-        do lane = 0, 7
-          mlp_WgT_panel(mlp_WgT_panel_row + lane) = mlp_WgT(8*c_tile + dm*e + lane)
+        do lane = 0, 15
+          mlp_WgT_panel(mlp_WgT_panel_row + lane) = mlp_WgT(16*c_tile + dm*e + lane)
         end do
       end do
     end do
@@ -4183,12 +4489,12 @@ contains
     ! mlp.dX.pack_WuT: scratch mlp_WuT_panel, mlp_WuT
     ! for c_tile (parallel) / e / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, lane, mlp_WuT_panel_row)
-    do c_tile = 0, ((dm) / 8) - 1
+    do c_tile = 0, ((dm) / 16) - 1
       do e = 0, dff - 1
-        mlp_WuT_panel_row = 8*c_tile*dff + 8*e
+        mlp_WuT_panel_row = 16*c_tile*dff + 16*e
         !$omp simd
-        do lane = 0, 7
-          mlp_WuT_panel(mlp_WuT_panel_row + lane) = mlp_WuT(8*c_tile + dm*e + lane)
+        do lane = 0, 15
+          mlp_WuT_panel(mlp_WuT_panel_row + lane) = mlp_WuT(16*c_tile + dm*e + lane)
         end do
       end do
     end do
@@ -4198,14 +4504,20 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c_tile, i_tile, e, mlp_dU_row0, &
     !$omp& mlp_dU_row1, mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, &
     !$omp& mlp_dV_row1, mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
+    !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
+    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
+    !$omp& acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
+    !$omp& acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, &
+    !$omp& acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, &
+    !$omp& acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, &
+    !$omp& acc_5_12, acc_5_13, acc_5_14, acc_5_15)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
-        do c_tile = 0, ((dm) / 8) - 1
+        do c_tile = 0, ((dm) / 16) - 1
           do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
             mlp_dU_row0 = dff*(b*n + min(6*i_tile, n - 1))
             mlp_dU_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
@@ -4227,6 +4539,14 @@ contains
             acc_0_5 = 0.0_c_float
             acc_0_6 = 0.0_c_float
             acc_0_7 = 0.0_c_float
+            acc_0_8 = 0.0_c_float
+            acc_0_9 = 0.0_c_float
+            acc_0_10 = 0.0_c_float
+            acc_0_11 = 0.0_c_float
+            acc_0_12 = 0.0_c_float
+            acc_0_13 = 0.0_c_float
+            acc_0_14 = 0.0_c_float
+            acc_0_15 = 0.0_c_float
             acc_1_0 = 0.0_c_float
             acc_1_1 = 0.0_c_float
             acc_1_2 = 0.0_c_float
@@ -4235,6 +4555,14 @@ contains
             acc_1_5 = 0.0_c_float
             acc_1_6 = 0.0_c_float
             acc_1_7 = 0.0_c_float
+            acc_1_8 = 0.0_c_float
+            acc_1_9 = 0.0_c_float
+            acc_1_10 = 0.0_c_float
+            acc_1_11 = 0.0_c_float
+            acc_1_12 = 0.0_c_float
+            acc_1_13 = 0.0_c_float
+            acc_1_14 = 0.0_c_float
+            acc_1_15 = 0.0_c_float
             acc_2_0 = 0.0_c_float
             acc_2_1 = 0.0_c_float
             acc_2_2 = 0.0_c_float
@@ -4243,6 +4571,14 @@ contains
             acc_2_5 = 0.0_c_float
             acc_2_6 = 0.0_c_float
             acc_2_7 = 0.0_c_float
+            acc_2_8 = 0.0_c_float
+            acc_2_9 = 0.0_c_float
+            acc_2_10 = 0.0_c_float
+            acc_2_11 = 0.0_c_float
+            acc_2_12 = 0.0_c_float
+            acc_2_13 = 0.0_c_float
+            acc_2_14 = 0.0_c_float
+            acc_2_15 = 0.0_c_float
             acc_3_0 = 0.0_c_float
             acc_3_1 = 0.0_c_float
             acc_3_2 = 0.0_c_float
@@ -4251,6 +4587,14 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_3_8 = 0.0_c_float
+            acc_3_9 = 0.0_c_float
+            acc_3_10 = 0.0_c_float
+            acc_3_11 = 0.0_c_float
+            acc_3_12 = 0.0_c_float
+            acc_3_13 = 0.0_c_float
+            acc_3_14 = 0.0_c_float
+            acc_3_15 = 0.0_c_float
             acc_4_0 = 0.0_c_float
             acc_4_1 = 0.0_c_float
             acc_4_2 = 0.0_c_float
@@ -4259,6 +4603,14 @@ contains
             acc_4_5 = 0.0_c_float
             acc_4_6 = 0.0_c_float
             acc_4_7 = 0.0_c_float
+            acc_4_8 = 0.0_c_float
+            acc_4_9 = 0.0_c_float
+            acc_4_10 = 0.0_c_float
+            acc_4_11 = 0.0_c_float
+            acc_4_12 = 0.0_c_float
+            acc_4_13 = 0.0_c_float
+            acc_4_14 = 0.0_c_float
+            acc_4_15 = 0.0_c_float
             acc_5_0 = 0.0_c_float
             acc_5_1 = 0.0_c_float
             acc_5_2 = 0.0_c_float
@@ -4267,153 +4619,305 @@ contains
             acc_5_5 = 0.0_c_float
             acc_5_6 = 0.0_c_float
             acc_5_7 = 0.0_c_float
+            acc_5_8 = 0.0_c_float
+            acc_5_9 = 0.0_c_float
+            acc_5_10 = 0.0_c_float
+            acc_5_11 = 0.0_c_float
+            acc_5_12 = 0.0_c_float
+            acc_5_13 = 0.0_c_float
+            acc_5_14 = 0.0_c_float
+            acc_5_15 = 0.0_c_float
             !GCC$ novector
             do e = 0, dff - 1
-              acc_0_0 = acc_0_0 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                  & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-              acc_0_1 = acc_0_1 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_0_2 = acc_0_2 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_0_3 = acc_0_3 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_0_4 = acc_0_4 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_0_5 = acc_0_5 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_0_6 = acc_0_6 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_0_7 = acc_0_7 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_1_0 = acc_1_0 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                  & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-              acc_1_1 = acc_1_1 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_1_2 = acc_1_2 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_1_3 = acc_1_3 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_1_4 = acc_1_4 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_1_5 = acc_1_5 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_1_6 = acc_1_6 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_1_7 = acc_1_7 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_2_0 = acc_2_0 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                  & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-              acc_2_1 = acc_2_1 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_2_2 = acc_2_2 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_2_3 = acc_2_3 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_2_4 = acc_2_4 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_2_5 = acc_2_5 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_2_6 = acc_2_6 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_2_7 = acc_2_7 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_3_0 = acc_3_0 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                  & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-              acc_3_1 = acc_3_1 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_3_2 = acc_3_2 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_3_3 = acc_3_3 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_3_4 = acc_3_4 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_3_5 = acc_3_5 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_3_6 = acc_3_6 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_3_7 = acc_3_7 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_4_0 = acc_4_0 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                  & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-              acc_4_1 = acc_4_1 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_4_2 = acc_4_2 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_4_3 = acc_4_3 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_4_4 = acc_4_4 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_4_5 = acc_4_5 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_4_6 = acc_4_6 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_4_7 = acc_4_7 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_5_0 = acc_5_0 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                  & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-              acc_5_1 = acc_5_1 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_5_2 = acc_5_2 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_5_3 = acc_5_3 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_5_4 = acc_5_4 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_5_5 = acc_5_5 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_5_6 = acc_5_6 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_5_7 = acc_5_7 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_0_0 = acc_0_0 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e) + &
+                  & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
+              acc_0_1 = acc_0_1 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 1) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_0_2 = acc_0_2 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 2) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_0_3 = acc_0_3 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 3) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_0_4 = acc_0_4 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 4) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_0_5 = acc_0_5 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 5) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_0_6 = acc_0_6 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 6) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_0_7 = acc_0_7 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 7) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_0_8 = acc_0_8 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 8) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_0_9 = acc_0_9 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 9) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_0_10 = acc_0_10 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 10) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 10)
+              acc_0_11 = acc_0_11 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 11) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 11)
+              acc_0_12 = acc_0_12 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 12) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 12)
+              acc_0_13 = acc_0_13 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 13) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 13)
+              acc_0_14 = acc_0_14 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 14) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 14)
+              acc_0_15 = acc_0_15 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 15) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 15)
+              acc_1_0 = acc_1_0 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e) + &
+                  & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
+              acc_1_1 = acc_1_1 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 1) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_1_2 = acc_1_2 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 2) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_1_3 = acc_1_3 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 3) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_1_4 = acc_1_4 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 4) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_1_5 = acc_1_5 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 5) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_1_6 = acc_1_6 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 6) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_1_7 = acc_1_7 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 7) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_1_8 = acc_1_8 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 8) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_1_9 = acc_1_9 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 9) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_1_10 = acc_1_10 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 10) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 10)
+              acc_1_11 = acc_1_11 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 11) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 11)
+              acc_1_12 = acc_1_12 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 12) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 12)
+              acc_1_13 = acc_1_13 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 13) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 13)
+              acc_1_14 = acc_1_14 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 14) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 14)
+              acc_1_15 = acc_1_15 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 15) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 15)
+              acc_2_0 = acc_2_0 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e) + &
+                  & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
+              acc_2_1 = acc_2_1 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 1) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_2_2 = acc_2_2 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 2) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_2_3 = acc_2_3 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 3) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_2_4 = acc_2_4 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 4) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_2_5 = acc_2_5 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 5) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_2_6 = acc_2_6 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 6) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_2_7 = acc_2_7 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 7) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_2_8 = acc_2_8 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 8) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_2_9 = acc_2_9 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 9) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_2_10 = acc_2_10 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 10) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 10)
+              acc_2_11 = acc_2_11 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 11) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 11)
+              acc_2_12 = acc_2_12 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 12) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 12)
+              acc_2_13 = acc_2_13 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 13) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 13)
+              acc_2_14 = acc_2_14 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 14) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 14)
+              acc_2_15 = acc_2_15 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 15) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 15)
+              acc_3_0 = acc_3_0 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e) + &
+                  & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
+              acc_3_1 = acc_3_1 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 1) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_3_2 = acc_3_2 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 2) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_3_3 = acc_3_3 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 3) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_3_4 = acc_3_4 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 4) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_3_5 = acc_3_5 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 5) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_3_6 = acc_3_6 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 6) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_3_7 = acc_3_7 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 7) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_3_8 = acc_3_8 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 8) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_3_9 = acc_3_9 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 9) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_3_10 = acc_3_10 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 10) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 10)
+              acc_3_11 = acc_3_11 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 11) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 11)
+              acc_3_12 = acc_3_12 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 12) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 12)
+              acc_3_13 = acc_3_13 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 13) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 13)
+              acc_3_14 = acc_3_14 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 14) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 14)
+              acc_3_15 = acc_3_15 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 15) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 15)
+              acc_4_0 = acc_4_0 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e) + &
+                  & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
+              acc_4_1 = acc_4_1 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 1) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_4_2 = acc_4_2 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 2) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_4_3 = acc_4_3 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 3) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_4_4 = acc_4_4 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 4) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_4_5 = acc_4_5 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 5) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_4_6 = acc_4_6 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 6) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_4_7 = acc_4_7 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 7) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_4_8 = acc_4_8 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 8) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_4_9 = acc_4_9 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 9) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_4_10 = acc_4_10 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 10) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 10)
+              acc_4_11 = acc_4_11 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 11) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 11)
+              acc_4_12 = acc_4_12 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 12) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 12)
+              acc_4_13 = acc_4_13 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 13) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 13)
+              acc_4_14 = acc_4_14 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 14) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 14)
+              acc_4_15 = acc_4_15 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 15) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 15)
+              acc_5_0 = acc_5_0 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e) + &
+                  & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
+              acc_5_1 = acc_5_1 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 1) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_5_2 = acc_5_2 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 2) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_5_3 = acc_5_3 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 3) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_5_4 = acc_5_4 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 4) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_5_5 = acc_5_5 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 5) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_5_6 = acc_5_6 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 6) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_5_7 = acc_5_7 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 7) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_5_8 = acc_5_8 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 8) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_5_9 = acc_5_9 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
+                  & 9) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_5_10 = acc_5_10 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 10) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 10)
+              acc_5_11 = acc_5_11 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 11) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 11)
+              acc_5_12 = acc_5_12 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 12) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 12)
+              acc_5_13 = acc_5_13 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 13) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 13)
+              acc_5_14 = acc_5_14 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 14) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 14)
+              acc_5_15 = acc_5_15 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
+                  & + 15) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 15)
             end do
-            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
-            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
-            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 2) = acc_0_2
-            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 3) = acc_0_3
-            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 4) = acc_0_4
-            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 5) = acc_0_5
-            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 6) = acc_0_6
-            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 7) = acc_0_7
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1))) = acc_1_0
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2))) = acc_2_0
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3))) = acc_3_0
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4))) = acc_4_0
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5))) = acc_5_0
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
-            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 8) = acc_0_8
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 9) = acc_0_9
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 10) = acc_0_10
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 11) = acc_0_11
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 12) = acc_0_12
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 13) = acc_0_13
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 14) = acc_0_14
+            dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 15) = acc_0_15
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8) = acc_1_8
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 9) = acc_1_9
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 10) = acc_1_10
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 11) = acc_1_11
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 12) = acc_1_12
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 13) = acc_1_13
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 14) = acc_1_14
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 15) = acc_1_15
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8) = acc_2_8
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 9) = acc_2_9
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 10) = acc_2_10
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 11) = acc_2_11
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 12) = acc_2_12
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 13) = acc_2_13
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 14) = acc_2_14
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 15) = acc_2_15
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8) = acc_3_8
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 9) = acc_3_9
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 10) = acc_3_10
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 11) = acc_3_11
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 12) = acc_3_12
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 13) = acc_3_13
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 14) = acc_3_14
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 15) = acc_3_15
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8) = acc_4_8
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 9) = acc_4_9
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 10) = acc_4_10
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 11) = acc_4_11
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 12) = acc_4_12
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 13) = acc_4_13
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 14) = acc_4_14
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 15) = acc_4_15
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8) = acc_5_8
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 9) = acc_5_9
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 10) = acc_5_10
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 11) = acc_5_11
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 12) = acc_5_12
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 13) = acc_5_13
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 14) = acc_5_14
+            dxn2(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 15) = acc_5_15
           end do
         end do
       end do
@@ -4424,7 +4928,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c, e, acc)
     do b = 0, batch - 1
       do i = 0, n - 1
-        do c = 8*((dm) / 8), dm - 1
+        do c = 16*((dm) / 16), dm - 1
           acc = 0.0_c_float
           !$omp simd reduction(+:acc)
           do e = 0, dff - 1
@@ -4451,13 +4955,13 @@ contains
     ! mlp.dWg.pack_dU: scratch mlp_dU_panel, mlp_dU
     ! for e_tile (parallel) / b / i / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(b, i, lane, mlp_dU_panel_row, mlp_dU_row)
-    do e_tile = 0, ((dff) / 8) - 1
+    do e_tile = 0, ((dff) / 16) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
-          mlp_dU_panel_row = 8*i + 8*n*(b + batch*e_tile)
-          mlp_dU_row = dff*(b*n + i) + 8*e_tile
+          mlp_dU_panel_row = 16*i + 16*n*(b + batch*e_tile)
+          mlp_dU_row = dff*(b*n + i) + 16*e_tile
           !$omp simd
-          do lane = 0, 7
+          do lane = 0, 15
             mlp_dU_panel(mlp_dU_panel_row + lane) = mlp_dU(mlp_dU_row + lane)
           end do
         end do
@@ -4468,12 +4972,18 @@ contains
     ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, mlp_XT_row0, &
     !$omp& mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, mlp_XT_row5, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
-    do e_tile = 0, ((dff) / 8) - 1
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
+    !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
+    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
+    !$omp& acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
+    !$omp& acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, &
+    !$omp& acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, &
+    !$omp& acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, &
+    !$omp& acc_5_12, acc_5_13, acc_5_14, acc_5_15)
+    do e_tile = 0, ((dff) / 16) - 1
       do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_float
         acc_0_1 = 0.0_c_float
@@ -4483,6 +4993,14 @@ contains
         acc_0_5 = 0.0_c_float
         acc_0_6 = 0.0_c_float
         acc_0_7 = 0.0_c_float
+        acc_0_8 = 0.0_c_float
+        acc_0_9 = 0.0_c_float
+        acc_0_10 = 0.0_c_float
+        acc_0_11 = 0.0_c_float
+        acc_0_12 = 0.0_c_float
+        acc_0_13 = 0.0_c_float
+        acc_0_14 = 0.0_c_float
+        acc_0_15 = 0.0_c_float
         acc_1_0 = 0.0_c_float
         acc_1_1 = 0.0_c_float
         acc_1_2 = 0.0_c_float
@@ -4491,6 +5009,14 @@ contains
         acc_1_5 = 0.0_c_float
         acc_1_6 = 0.0_c_float
         acc_1_7 = 0.0_c_float
+        acc_1_8 = 0.0_c_float
+        acc_1_9 = 0.0_c_float
+        acc_1_10 = 0.0_c_float
+        acc_1_11 = 0.0_c_float
+        acc_1_12 = 0.0_c_float
+        acc_1_13 = 0.0_c_float
+        acc_1_14 = 0.0_c_float
+        acc_1_15 = 0.0_c_float
         acc_2_0 = 0.0_c_float
         acc_2_1 = 0.0_c_float
         acc_2_2 = 0.0_c_float
@@ -4499,6 +5025,14 @@ contains
         acc_2_5 = 0.0_c_float
         acc_2_6 = 0.0_c_float
         acc_2_7 = 0.0_c_float
+        acc_2_8 = 0.0_c_float
+        acc_2_9 = 0.0_c_float
+        acc_2_10 = 0.0_c_float
+        acc_2_11 = 0.0_c_float
+        acc_2_12 = 0.0_c_float
+        acc_2_13 = 0.0_c_float
+        acc_2_14 = 0.0_c_float
+        acc_2_15 = 0.0_c_float
         acc_3_0 = 0.0_c_float
         acc_3_1 = 0.0_c_float
         acc_3_2 = 0.0_c_float
@@ -4507,6 +5041,14 @@ contains
         acc_3_5 = 0.0_c_float
         acc_3_6 = 0.0_c_float
         acc_3_7 = 0.0_c_float
+        acc_3_8 = 0.0_c_float
+        acc_3_9 = 0.0_c_float
+        acc_3_10 = 0.0_c_float
+        acc_3_11 = 0.0_c_float
+        acc_3_12 = 0.0_c_float
+        acc_3_13 = 0.0_c_float
+        acc_3_14 = 0.0_c_float
+        acc_3_15 = 0.0_c_float
         acc_4_0 = 0.0_c_float
         acc_4_1 = 0.0_c_float
         acc_4_2 = 0.0_c_float
@@ -4515,6 +5057,14 @@ contains
         acc_4_5 = 0.0_c_float
         acc_4_6 = 0.0_c_float
         acc_4_7 = 0.0_c_float
+        acc_4_8 = 0.0_c_float
+        acc_4_9 = 0.0_c_float
+        acc_4_10 = 0.0_c_float
+        acc_4_11 = 0.0_c_float
+        acc_4_12 = 0.0_c_float
+        acc_4_13 = 0.0_c_float
+        acc_4_14 = 0.0_c_float
+        acc_4_15 = 0.0_c_float
         acc_5_0 = 0.0_c_float
         acc_5_1 = 0.0_c_float
         acc_5_2 = 0.0_c_float
@@ -4523,6 +5073,14 @@ contains
         acc_5_5 = 0.0_c_float
         acc_5_6 = 0.0_c_float
         acc_5_7 = 0.0_c_float
+        acc_5_8 = 0.0_c_float
+        acc_5_9 = 0.0_c_float
+        acc_5_10 = 0.0_c_float
+        acc_5_11 = 0.0_c_float
+        acc_5_12 = 0.0_c_float
+        acc_5_13 = 0.0_c_float
+        acc_5_14 = 0.0_c_float
+        acc_5_15 = 0.0_c_float
         !GCC$ novector
         do b = 0, batch - 1
           mlp_XT_row0 = n*(b*dm + min(6*c_tile, dm - 1))
@@ -4533,146 +5091,296 @@ contains
           mlp_XT_row5 = n*(b*dm + min(dm - 1, 6*c_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_0_1 = acc_0_1 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_0_0 = acc_0_0 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile))
+            acc_0_1 = acc_0_1 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_0_2 = acc_0_2 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_0_3 = acc_0_3 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_0_4 = acc_0_4 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_0_5 = acc_0_5 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_0_6 = acc_0_6 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_0_7 = acc_0_7 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_0_8 = acc_0_8 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 8)
+            acc_0_9 = acc_0_9 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 9)
+            acc_0_10 = acc_0_10 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 10)
+            acc_0_11 = acc_0_11 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 11)
+            acc_0_12 = acc_0_12 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 12)
+            acc_0_13 = acc_0_13 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 13)
+            acc_0_14 = acc_0_14 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 14)
+            acc_0_15 = acc_0_15 + mlp_XT(mlp_XT_row0 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 15)
+            acc_1_0 = acc_1_0 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile))
+            acc_1_1 = acc_1_1 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_1_2 = acc_1_2 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_1_3 = acc_1_3 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_1_4 = acc_1_4 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_1_5 = acc_1_5 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_1_6 = acc_1_6 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_1_7 = acc_1_7 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_1_8 = acc_1_8 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 8)
+            acc_1_9 = acc_1_9 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 9)
+            acc_1_10 = acc_1_10 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 10)
+            acc_1_11 = acc_1_11 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 11)
+            acc_1_12 = acc_1_12 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 12)
+            acc_1_13 = acc_1_13 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 13)
+            acc_1_14 = acc_1_14 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 14)
+            acc_1_15 = acc_1_15 + mlp_XT(mlp_XT_row1 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 15)
+            acc_2_0 = acc_2_0 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile))
+            acc_2_1 = acc_2_1 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_2_2 = acc_2_2 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_2_3 = acc_2_3 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_2_4 = acc_2_4 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_2_5 = acc_2_5 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_2_6 = acc_2_6 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_2_7 = acc_2_7 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_2_8 = acc_2_8 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 8)
+            acc_2_9 = acc_2_9 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 9)
+            acc_2_10 = acc_2_10 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 10)
+            acc_2_11 = acc_2_11 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 11)
+            acc_2_12 = acc_2_12 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 12)
+            acc_2_13 = acc_2_13 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 13)
+            acc_2_14 = acc_2_14 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 14)
+            acc_2_15 = acc_2_15 + mlp_XT(mlp_XT_row2 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 15)
+            acc_3_0 = acc_3_0 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile))
+            acc_3_1 = acc_3_1 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_3_2 = acc_3_2 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_3_3 = acc_3_3 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_3_4 = acc_3_4 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_3_5 = acc_3_5 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_3_6 = acc_3_6 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_3_7 = acc_3_7 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_3_8 = acc_3_8 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 8)
+            acc_3_9 = acc_3_9 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 9)
+            acc_3_10 = acc_3_10 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 10)
+            acc_3_11 = acc_3_11 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 11)
+            acc_3_12 = acc_3_12 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 12)
+            acc_3_13 = acc_3_13 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 13)
+            acc_3_14 = acc_3_14 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 14)
+            acc_3_15 = acc_3_15 + mlp_XT(mlp_XT_row3 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 15)
+            acc_4_0 = acc_4_0 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile))
+            acc_4_1 = acc_4_1 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_4_2 = acc_4_2 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_4_3 = acc_4_3 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_4_4 = acc_4_4 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_4_5 = acc_4_5 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_4_6 = acc_4_6 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_4_7 = acc_4_7 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_4_8 = acc_4_8 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 8)
+            acc_4_9 = acc_4_9 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 9)
+            acc_4_10 = acc_4_10 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 10)
+            acc_4_11 = acc_4_11 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 11)
+            acc_4_12 = acc_4_12 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 12)
+            acc_4_13 = acc_4_13 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 13)
+            acc_4_14 = acc_4_14 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 14)
+            acc_4_15 = acc_4_15 + mlp_XT(mlp_XT_row4 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 15)
+            acc_5_0 = acc_5_0 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile))
+            acc_5_1 = acc_5_1 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_5_2 = acc_5_2 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_5_3 = acc_5_3 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_5_4 = acc_5_4 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_5_5 = acc_5_5 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_5_6 = acc_5_6 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(8*i + 8*n*(b + &
+            acc_5_7 = acc_5_7 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 7)
+            acc_5_8 = acc_5_8 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 8)
+            acc_5_9 = acc_5_9 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 9)
+            acc_5_10 = acc_5_10 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 10)
+            acc_5_11 = acc_5_11 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 11)
+            acc_5_12 = acc_5_12 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 12)
+            acc_5_13 = acc_5_13 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 13)
+            acc_5_14 = acc_5_14 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 14)
+            acc_5_15 = acc_5_15 + mlp_XT(mlp_XT_row5 + i) * mlp_dU_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 15)
           end do
         end do
-        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
-        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 1) = acc_0_1
-        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 2) = acc_0_2
-        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 3) = acc_0_3
-        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 4) = acc_0_4
-        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 5) = acc_0_5
-        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 6) = acc_0_6
-        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 7) = acc_0_7
-        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile) = acc_1_0
-        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 1) = acc_1_1
-        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 2) = acc_1_2
-        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 3) = acc_1_3
-        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 4) = acc_1_4
-        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 5) = acc_1_5
-        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 6) = acc_1_6
-        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 7) = acc_1_7
-        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile) = acc_2_0
-        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 1) = acc_2_1
-        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 2) = acc_2_2
-        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 3) = acc_2_3
-        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 4) = acc_2_4
-        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 5) = acc_2_5
-        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 6) = acc_2_6
-        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 7) = acc_2_7
-        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile) = acc_3_0
-        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 1) = acc_3_1
-        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 2) = acc_3_2
-        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 3) = acc_3_3
-        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 4) = acc_3_4
-        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 5) = acc_3_5
-        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 6) = acc_3_6
-        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 7) = acc_3_7
-        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile) = acc_4_0
-        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 1) = acc_4_1
-        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 2) = acc_4_2
-        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 3) = acc_4_3
-        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 4) = acc_4_4
-        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 5) = acc_4_5
-        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 6) = acc_4_6
-        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 7) = acc_4_7
-        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile) = acc_5_0
-        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 1) = acc_5_1
-        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 2) = acc_5_2
-        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 3) = acc_5_3
-        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 4) = acc_5_4
-        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 5) = acc_5_5
-        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 6) = acc_5_6
-        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 7) = acc_5_7
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile) = acc_0_0
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 1) = acc_0_1
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 2) = acc_0_2
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 3) = acc_0_3
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 4) = acc_0_4
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 5) = acc_0_5
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 6) = acc_0_6
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 7) = acc_0_7
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 8) = acc_0_8
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 9) = acc_0_9
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 10) = acc_0_10
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 11) = acc_0_11
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 12) = acc_0_12
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 13) = acc_0_13
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 14) = acc_0_14
+        dWg(dff*min(6*c_tile, dm - 1) + 16*e_tile + 15) = acc_0_15
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile) = acc_1_0
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 1) = acc_1_1
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 2) = acc_1_2
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 3) = acc_1_3
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 4) = acc_1_4
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 5) = acc_1_5
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 6) = acc_1_6
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 7) = acc_1_7
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 8) = acc_1_8
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 9) = acc_1_9
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 10) = acc_1_10
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 11) = acc_1_11
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 12) = acc_1_12
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 13) = acc_1_13
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 14) = acc_1_14
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 15) = acc_1_15
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile) = acc_2_0
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 1) = acc_2_1
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 2) = acc_2_2
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 3) = acc_2_3
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 4) = acc_2_4
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 5) = acc_2_5
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 6) = acc_2_6
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 7) = acc_2_7
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 8) = acc_2_8
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 9) = acc_2_9
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 10) = acc_2_10
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 11) = acc_2_11
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 12) = acc_2_12
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 13) = acc_2_13
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 14) = acc_2_14
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 15) = acc_2_15
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile) = acc_3_0
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 1) = acc_3_1
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 2) = acc_3_2
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 3) = acc_3_3
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 4) = acc_3_4
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 5) = acc_3_5
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 6) = acc_3_6
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 7) = acc_3_7
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 8) = acc_3_8
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 9) = acc_3_9
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 10) = acc_3_10
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 11) = acc_3_11
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 12) = acc_3_12
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 13) = acc_3_13
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 14) = acc_3_14
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 15) = acc_3_15
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile) = acc_4_0
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 1) = acc_4_1
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 2) = acc_4_2
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 3) = acc_4_3
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 4) = acc_4_4
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 5) = acc_4_5
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 6) = acc_4_6
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 7) = acc_4_7
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 8) = acc_4_8
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 9) = acc_4_9
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 10) = acc_4_10
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 11) = acc_4_11
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 12) = acc_4_12
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 13) = acc_4_13
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 14) = acc_4_14
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 15) = acc_4_15
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile) = acc_5_0
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 1) = acc_5_1
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 2) = acc_5_2
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 3) = acc_5_3
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 4) = acc_5_4
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 5) = acc_5_5
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 6) = acc_5_6
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 7) = acc_5_7
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 8) = acc_5_8
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 9) = acc_5_9
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 10) = acc_5_10
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 11) = acc_5_11
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 12) = acc_5_12
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 13) = acc_5_13
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 14) = acc_5_14
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 15) = acc_5_15
       end do
     end do
     !$omp end parallel do
@@ -4680,7 +5388,7 @@ contains
     ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
-      do e = 8*((dff) / 8), dff - 1
+      do e = 16*((dff) / 16), dff - 1
         over_b = 0.0_c_float
         do b = 0, batch - 1
           acc = 0.0_c_float
@@ -4697,13 +5405,13 @@ contains
     ! mlp.dWu.pack_dV: scratch mlp_dV_panel, mlp_dV
     ! for e_tile (parallel) / b / i / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(b, i, lane, mlp_dV_panel_row, mlp_dV_row)
-    do e_tile = 0, ((dff) / 8) - 1
+    do e_tile = 0, ((dff) / 16) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
-          mlp_dV_panel_row = 8*i + 8*n*(b + batch*e_tile)
-          mlp_dV_row = dff*(b*n + i) + 8*e_tile
+          mlp_dV_panel_row = 16*i + 16*n*(b + batch*e_tile)
+          mlp_dV_row = dff*(b*n + i) + 16*e_tile
           !$omp simd
-          do lane = 0, 7
+          do lane = 0, 15
             mlp_dV_panel(mlp_dV_panel_row + lane) = mlp_dV(mlp_dV_row + lane)
           end do
         end do
@@ -4714,12 +5422,18 @@ contains
     ! for e_tile (parallel) / c_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, mlp_XT_row0, &
     !$omp& mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, mlp_XT_row5, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
-    do e_tile = 0, ((dff) / 8) - 1
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
+    !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
+    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
+    !$omp& acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
+    !$omp& acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, &
+    !$omp& acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, &
+    !$omp& acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, &
+    !$omp& acc_5_12, acc_5_13, acc_5_14, acc_5_15)
+    do e_tile = 0, ((dff) / 16) - 1
       do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_float
         acc_0_1 = 0.0_c_float
@@ -4729,6 +5443,14 @@ contains
         acc_0_5 = 0.0_c_float
         acc_0_6 = 0.0_c_float
         acc_0_7 = 0.0_c_float
+        acc_0_8 = 0.0_c_float
+        acc_0_9 = 0.0_c_float
+        acc_0_10 = 0.0_c_float
+        acc_0_11 = 0.0_c_float
+        acc_0_12 = 0.0_c_float
+        acc_0_13 = 0.0_c_float
+        acc_0_14 = 0.0_c_float
+        acc_0_15 = 0.0_c_float
         acc_1_0 = 0.0_c_float
         acc_1_1 = 0.0_c_float
         acc_1_2 = 0.0_c_float
@@ -4737,6 +5459,14 @@ contains
         acc_1_5 = 0.0_c_float
         acc_1_6 = 0.0_c_float
         acc_1_7 = 0.0_c_float
+        acc_1_8 = 0.0_c_float
+        acc_1_9 = 0.0_c_float
+        acc_1_10 = 0.0_c_float
+        acc_1_11 = 0.0_c_float
+        acc_1_12 = 0.0_c_float
+        acc_1_13 = 0.0_c_float
+        acc_1_14 = 0.0_c_float
+        acc_1_15 = 0.0_c_float
         acc_2_0 = 0.0_c_float
         acc_2_1 = 0.0_c_float
         acc_2_2 = 0.0_c_float
@@ -4745,6 +5475,14 @@ contains
         acc_2_5 = 0.0_c_float
         acc_2_6 = 0.0_c_float
         acc_2_7 = 0.0_c_float
+        acc_2_8 = 0.0_c_float
+        acc_2_9 = 0.0_c_float
+        acc_2_10 = 0.0_c_float
+        acc_2_11 = 0.0_c_float
+        acc_2_12 = 0.0_c_float
+        acc_2_13 = 0.0_c_float
+        acc_2_14 = 0.0_c_float
+        acc_2_15 = 0.0_c_float
         acc_3_0 = 0.0_c_float
         acc_3_1 = 0.0_c_float
         acc_3_2 = 0.0_c_float
@@ -4753,6 +5491,14 @@ contains
         acc_3_5 = 0.0_c_float
         acc_3_6 = 0.0_c_float
         acc_3_7 = 0.0_c_float
+        acc_3_8 = 0.0_c_float
+        acc_3_9 = 0.0_c_float
+        acc_3_10 = 0.0_c_float
+        acc_3_11 = 0.0_c_float
+        acc_3_12 = 0.0_c_float
+        acc_3_13 = 0.0_c_float
+        acc_3_14 = 0.0_c_float
+        acc_3_15 = 0.0_c_float
         acc_4_0 = 0.0_c_float
         acc_4_1 = 0.0_c_float
         acc_4_2 = 0.0_c_float
@@ -4761,6 +5507,14 @@ contains
         acc_4_5 = 0.0_c_float
         acc_4_6 = 0.0_c_float
         acc_4_7 = 0.0_c_float
+        acc_4_8 = 0.0_c_float
+        acc_4_9 = 0.0_c_float
+        acc_4_10 = 0.0_c_float
+        acc_4_11 = 0.0_c_float
+        acc_4_12 = 0.0_c_float
+        acc_4_13 = 0.0_c_float
+        acc_4_14 = 0.0_c_float
+        acc_4_15 = 0.0_c_float
         acc_5_0 = 0.0_c_float
         acc_5_1 = 0.0_c_float
         acc_5_2 = 0.0_c_float
@@ -4769,6 +5523,14 @@ contains
         acc_5_5 = 0.0_c_float
         acc_5_6 = 0.0_c_float
         acc_5_7 = 0.0_c_float
+        acc_5_8 = 0.0_c_float
+        acc_5_9 = 0.0_c_float
+        acc_5_10 = 0.0_c_float
+        acc_5_11 = 0.0_c_float
+        acc_5_12 = 0.0_c_float
+        acc_5_13 = 0.0_c_float
+        acc_5_14 = 0.0_c_float
+        acc_5_15 = 0.0_c_float
         !GCC$ novector
         do b = 0, batch - 1
           mlp_XT_row0 = n*(b*dm + min(6*c_tile, dm - 1))
@@ -4779,146 +5541,296 @@ contains
           mlp_XT_row5 = n*(b*dm + min(dm - 1, 6*c_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_0_1 = acc_0_1 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_0_0 = acc_0_0 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile))
+            acc_0_1 = acc_0_1 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_0_2 = acc_0_2 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_0_3 = acc_0_3 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_0_4 = acc_0_4 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_0_5 = acc_0_5 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_0_6 = acc_0_6 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_0_7 = acc_0_7 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_0_8 = acc_0_8 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 8)
+            acc_0_9 = acc_0_9 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 9)
+            acc_0_10 = acc_0_10 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 10)
+            acc_0_11 = acc_0_11 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 11)
+            acc_0_12 = acc_0_12 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 12)
+            acc_0_13 = acc_0_13 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 13)
+            acc_0_14 = acc_0_14 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 14)
+            acc_0_15 = acc_0_15 + mlp_XT(mlp_XT_row0 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 15)
+            acc_1_0 = acc_1_0 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile))
+            acc_1_1 = acc_1_1 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_1_2 = acc_1_2 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_1_3 = acc_1_3 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_1_4 = acc_1_4 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_1_5 = acc_1_5 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_1_6 = acc_1_6 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_1_7 = acc_1_7 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_1_8 = acc_1_8 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 8)
+            acc_1_9 = acc_1_9 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 9)
+            acc_1_10 = acc_1_10 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 10)
+            acc_1_11 = acc_1_11 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 11)
+            acc_1_12 = acc_1_12 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 12)
+            acc_1_13 = acc_1_13 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 13)
+            acc_1_14 = acc_1_14 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 14)
+            acc_1_15 = acc_1_15 + mlp_XT(mlp_XT_row1 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 15)
+            acc_2_0 = acc_2_0 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile))
+            acc_2_1 = acc_2_1 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_2_2 = acc_2_2 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_2_3 = acc_2_3 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_2_4 = acc_2_4 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_2_5 = acc_2_5 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_2_6 = acc_2_6 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_2_7 = acc_2_7 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_2_8 = acc_2_8 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 8)
+            acc_2_9 = acc_2_9 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 9)
+            acc_2_10 = acc_2_10 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 10)
+            acc_2_11 = acc_2_11 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 11)
+            acc_2_12 = acc_2_12 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 12)
+            acc_2_13 = acc_2_13 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 13)
+            acc_2_14 = acc_2_14 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 14)
+            acc_2_15 = acc_2_15 + mlp_XT(mlp_XT_row2 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 15)
+            acc_3_0 = acc_3_0 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile))
+            acc_3_1 = acc_3_1 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_3_2 = acc_3_2 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_3_3 = acc_3_3 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_3_4 = acc_3_4 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_3_5 = acc_3_5 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_3_6 = acc_3_6 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_3_7 = acc_3_7 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_3_8 = acc_3_8 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 8)
+            acc_3_9 = acc_3_9 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 9)
+            acc_3_10 = acc_3_10 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 10)
+            acc_3_11 = acc_3_11 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 11)
+            acc_3_12 = acc_3_12 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 12)
+            acc_3_13 = acc_3_13 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 13)
+            acc_3_14 = acc_3_14 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 14)
+            acc_3_15 = acc_3_15 + mlp_XT(mlp_XT_row3 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 15)
+            acc_4_0 = acc_4_0 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile))
+            acc_4_1 = acc_4_1 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_4_2 = acc_4_2 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_4_3 = acc_4_3 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_4_4 = acc_4_4 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_4_5 = acc_4_5 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_4_6 = acc_4_6 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_4_7 = acc_4_7 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_4_8 = acc_4_8 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 8)
+            acc_4_9 = acc_4_9 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 9)
+            acc_4_10 = acc_4_10 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 10)
+            acc_4_11 = acc_4_11 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 11)
+            acc_4_12 = acc_4_12 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 12)
+            acc_4_13 = acc_4_13 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 13)
+            acc_4_14 = acc_4_14 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 14)
+            acc_4_15 = acc_4_15 + mlp_XT(mlp_XT_row4 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 15)
+            acc_5_0 = acc_5_0 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile))
+            acc_5_1 = acc_5_1 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_5_2 = acc_5_2 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_5_3 = acc_5_3 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_5_4 = acc_5_4 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_5_5 = acc_5_5 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_5_6 = acc_5_6 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(8*i + 8*n*(b + &
+            acc_5_7 = acc_5_7 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
                 & batch*e_tile) + 7)
+            acc_5_8 = acc_5_8 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 8)
+            acc_5_9 = acc_5_9 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 9)
+            acc_5_10 = acc_5_10 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 10)
+            acc_5_11 = acc_5_11 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 11)
+            acc_5_12 = acc_5_12 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 12)
+            acc_5_13 = acc_5_13 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 13)
+            acc_5_14 = acc_5_14 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 14)
+            acc_5_15 = acc_5_15 + mlp_XT(mlp_XT_row5 + i) * mlp_dV_panel(16*i + 16*n*(b + &
+                & batch*e_tile) + 15)
           end do
         end do
-        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
-        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 1) = acc_0_1
-        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 2) = acc_0_2
-        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 3) = acc_0_3
-        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 4) = acc_0_4
-        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 5) = acc_0_5
-        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 6) = acc_0_6
-        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 7) = acc_0_7
-        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile) = acc_1_0
-        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 1) = acc_1_1
-        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 2) = acc_1_2
-        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 3) = acc_1_3
-        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 4) = acc_1_4
-        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 5) = acc_1_5
-        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 6) = acc_1_6
-        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 7) = acc_1_7
-        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile) = acc_2_0
-        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 1) = acc_2_1
-        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 2) = acc_2_2
-        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 3) = acc_2_3
-        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 4) = acc_2_4
-        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 5) = acc_2_5
-        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 6) = acc_2_6
-        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 7) = acc_2_7
-        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile) = acc_3_0
-        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 1) = acc_3_1
-        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 2) = acc_3_2
-        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 3) = acc_3_3
-        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 4) = acc_3_4
-        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 5) = acc_3_5
-        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 6) = acc_3_6
-        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 7) = acc_3_7
-        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile) = acc_4_0
-        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 1) = acc_4_1
-        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 2) = acc_4_2
-        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 3) = acc_4_3
-        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 4) = acc_4_4
-        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 5) = acc_4_5
-        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 6) = acc_4_6
-        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 7) = acc_4_7
-        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile) = acc_5_0
-        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 1) = acc_5_1
-        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 2) = acc_5_2
-        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 3) = acc_5_3
-        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 4) = acc_5_4
-        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 5) = acc_5_5
-        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 6) = acc_5_6
-        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 7) = acc_5_7
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile) = acc_0_0
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 1) = acc_0_1
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 2) = acc_0_2
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 3) = acc_0_3
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 4) = acc_0_4
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 5) = acc_0_5
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 6) = acc_0_6
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 7) = acc_0_7
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 8) = acc_0_8
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 9) = acc_0_9
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 10) = acc_0_10
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 11) = acc_0_11
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 12) = acc_0_12
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 13) = acc_0_13
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 14) = acc_0_14
+        dWu(dff*min(6*c_tile, dm - 1) + 16*e_tile + 15) = acc_0_15
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile) = acc_1_0
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 1) = acc_1_1
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 2) = acc_1_2
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 3) = acc_1_3
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 4) = acc_1_4
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 5) = acc_1_5
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 6) = acc_1_6
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 7) = acc_1_7
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 8) = acc_1_8
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 9) = acc_1_9
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 10) = acc_1_10
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 11) = acc_1_11
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 12) = acc_1_12
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 13) = acc_1_13
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 14) = acc_1_14
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 16*e_tile + 15) = acc_1_15
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile) = acc_2_0
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 1) = acc_2_1
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 2) = acc_2_2
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 3) = acc_2_3
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 4) = acc_2_4
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 5) = acc_2_5
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 6) = acc_2_6
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 7) = acc_2_7
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 8) = acc_2_8
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 9) = acc_2_9
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 10) = acc_2_10
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 11) = acc_2_11
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 12) = acc_2_12
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 13) = acc_2_13
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 14) = acc_2_14
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 16*e_tile + 15) = acc_2_15
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile) = acc_3_0
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 1) = acc_3_1
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 2) = acc_3_2
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 3) = acc_3_3
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 4) = acc_3_4
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 5) = acc_3_5
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 6) = acc_3_6
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 7) = acc_3_7
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 8) = acc_3_8
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 9) = acc_3_9
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 10) = acc_3_10
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 11) = acc_3_11
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 12) = acc_3_12
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 13) = acc_3_13
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 14) = acc_3_14
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 16*e_tile + 15) = acc_3_15
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile) = acc_4_0
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 1) = acc_4_1
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 2) = acc_4_2
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 3) = acc_4_3
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 4) = acc_4_4
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 5) = acc_4_5
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 6) = acc_4_6
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 7) = acc_4_7
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 8) = acc_4_8
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 9) = acc_4_9
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 10) = acc_4_10
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 11) = acc_4_11
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 12) = acc_4_12
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 13) = acc_4_13
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 14) = acc_4_14
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 16*e_tile + 15) = acc_4_15
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile) = acc_5_0
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 1) = acc_5_1
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 2) = acc_5_2
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 3) = acc_5_3
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 4) = acc_5_4
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 5) = acc_5_5
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 6) = acc_5_6
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 7) = acc_5_7
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 8) = acc_5_8
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 9) = acc_5_9
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 10) = acc_5_10
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 11) = acc_5_11
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 12) = acc_5_12
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 13) = acc_5_13
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 14) = acc_5_14
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 16*e_tile + 15) = acc_5_15
       end do
     end do
     !$omp end parallel do
@@ -4926,7 +5838,7 @@ contains
     ! for c (parallel) / e / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, over_b, acc)
     do c = 0, dm - 1
-      do e = 8*((dff) / 8), dff - 1
+      do e = 16*((dff) / 16), dff - 1
         over_b = 0.0_c_float
         do b = 0, batch - 1
           acc = 0.0_c_float
@@ -4956,13 +5868,13 @@ contains
     ! mlp.dWd.pack_dF: reads dy; scratch mlp_dF_panel
     ! for c_tile (parallel) / b / i / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(b, i, lane, mlp_dF_panel_row, dy_row)
-    do c_tile = 0, ((dm) / 8) - 1
+    do c_tile = 0, ((dm) / 16) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
-          mlp_dF_panel_row = 8*i + 8*n*(b + batch*c_tile)
-          dy_row = 8*c_tile + dm*(b*n + i)
+          mlp_dF_panel_row = 16*i + 16*n*(b + batch*c_tile)
+          dy_row = 16*c_tile + dm*(b*n + i)
           !$omp simd
-          do lane = 0, 7
+          do lane = 0, 15
             mlp_dF_panel(mlp_dF_panel_row + lane) = dy(dy_row + lane)
           end do
         end do
@@ -4973,12 +5885,18 @@ contains
     ! for c_tile (parallel) / e_tile / b (register tile) / i (register tile)
     !$omp parallel do collapse(1) schedule(static) private(e_tile, b, i, mlp_HT_row0, &
     !$omp& mlp_HT_row1, mlp_HT_row2, mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, acc_0_0, acc_0_1, &
-    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
-    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
-    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
-    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
-    do c_tile = 0, ((dm) / 8) - 1
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, &
+    !$omp& acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
+    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, &
+    !$omp& acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, &
+    !$omp& acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, &
+    !$omp& acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
+    !$omp& acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, &
+    !$omp& acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, &
+    !$omp& acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, &
+    !$omp& acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, &
+    !$omp& acc_5_12, acc_5_13, acc_5_14, acc_5_15)
+    do c_tile = 0, ((dm) / 16) - 1
       do e_tile = 0, ((dff + 5) / 6) - 1
         acc_0_0 = 0.0_c_float
         acc_0_1 = 0.0_c_float
@@ -4988,6 +5906,14 @@ contains
         acc_0_5 = 0.0_c_float
         acc_0_6 = 0.0_c_float
         acc_0_7 = 0.0_c_float
+        acc_0_8 = 0.0_c_float
+        acc_0_9 = 0.0_c_float
+        acc_0_10 = 0.0_c_float
+        acc_0_11 = 0.0_c_float
+        acc_0_12 = 0.0_c_float
+        acc_0_13 = 0.0_c_float
+        acc_0_14 = 0.0_c_float
+        acc_0_15 = 0.0_c_float
         acc_1_0 = 0.0_c_float
         acc_1_1 = 0.0_c_float
         acc_1_2 = 0.0_c_float
@@ -4996,6 +5922,14 @@ contains
         acc_1_5 = 0.0_c_float
         acc_1_6 = 0.0_c_float
         acc_1_7 = 0.0_c_float
+        acc_1_8 = 0.0_c_float
+        acc_1_9 = 0.0_c_float
+        acc_1_10 = 0.0_c_float
+        acc_1_11 = 0.0_c_float
+        acc_1_12 = 0.0_c_float
+        acc_1_13 = 0.0_c_float
+        acc_1_14 = 0.0_c_float
+        acc_1_15 = 0.0_c_float
         acc_2_0 = 0.0_c_float
         acc_2_1 = 0.0_c_float
         acc_2_2 = 0.0_c_float
@@ -5004,6 +5938,14 @@ contains
         acc_2_5 = 0.0_c_float
         acc_2_6 = 0.0_c_float
         acc_2_7 = 0.0_c_float
+        acc_2_8 = 0.0_c_float
+        acc_2_9 = 0.0_c_float
+        acc_2_10 = 0.0_c_float
+        acc_2_11 = 0.0_c_float
+        acc_2_12 = 0.0_c_float
+        acc_2_13 = 0.0_c_float
+        acc_2_14 = 0.0_c_float
+        acc_2_15 = 0.0_c_float
         acc_3_0 = 0.0_c_float
         acc_3_1 = 0.0_c_float
         acc_3_2 = 0.0_c_float
@@ -5012,6 +5954,14 @@ contains
         acc_3_5 = 0.0_c_float
         acc_3_6 = 0.0_c_float
         acc_3_7 = 0.0_c_float
+        acc_3_8 = 0.0_c_float
+        acc_3_9 = 0.0_c_float
+        acc_3_10 = 0.0_c_float
+        acc_3_11 = 0.0_c_float
+        acc_3_12 = 0.0_c_float
+        acc_3_13 = 0.0_c_float
+        acc_3_14 = 0.0_c_float
+        acc_3_15 = 0.0_c_float
         acc_4_0 = 0.0_c_float
         acc_4_1 = 0.0_c_float
         acc_4_2 = 0.0_c_float
@@ -5020,6 +5970,14 @@ contains
         acc_4_5 = 0.0_c_float
         acc_4_6 = 0.0_c_float
         acc_4_7 = 0.0_c_float
+        acc_4_8 = 0.0_c_float
+        acc_4_9 = 0.0_c_float
+        acc_4_10 = 0.0_c_float
+        acc_4_11 = 0.0_c_float
+        acc_4_12 = 0.0_c_float
+        acc_4_13 = 0.0_c_float
+        acc_4_14 = 0.0_c_float
+        acc_4_15 = 0.0_c_float
         acc_5_0 = 0.0_c_float
         acc_5_1 = 0.0_c_float
         acc_5_2 = 0.0_c_float
@@ -5028,6 +5986,14 @@ contains
         acc_5_5 = 0.0_c_float
         acc_5_6 = 0.0_c_float
         acc_5_7 = 0.0_c_float
+        acc_5_8 = 0.0_c_float
+        acc_5_9 = 0.0_c_float
+        acc_5_10 = 0.0_c_float
+        acc_5_11 = 0.0_c_float
+        acc_5_12 = 0.0_c_float
+        acc_5_13 = 0.0_c_float
+        acc_5_14 = 0.0_c_float
+        acc_5_15 = 0.0_c_float
         !GCC$ novector
         do b = 0, batch - 1
           mlp_HT_row0 = n*(b*dff + min(6*e_tile, dff - 1))
@@ -5038,146 +6004,296 @@ contains
           mlp_HT_row5 = n*(b*dff + min(dff - 1, 6*e_tile + 5))
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_0_1 = acc_0_1 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_0_0 = acc_0_0 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile))
+            acc_0_1 = acc_0_1 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 1)
-            acc_0_2 = acc_0_2 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_0_2 = acc_0_2 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 2)
-            acc_0_3 = acc_0_3 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_0_3 = acc_0_3 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 3)
-            acc_0_4 = acc_0_4 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_0_4 = acc_0_4 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 4)
-            acc_0_5 = acc_0_5 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_0_5 = acc_0_5 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 5)
-            acc_0_6 = acc_0_6 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_0_6 = acc_0_6 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 6)
-            acc_0_7 = acc_0_7 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_0_7 = acc_0_7 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 7)
-            acc_1_0 = acc_1_0 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_1_1 = acc_1_1 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_0_8 = acc_0_8 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 8)
+            acc_0_9 = acc_0_9 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 9)
+            acc_0_10 = acc_0_10 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 10)
+            acc_0_11 = acc_0_11 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 11)
+            acc_0_12 = acc_0_12 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 12)
+            acc_0_13 = acc_0_13 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 13)
+            acc_0_14 = acc_0_14 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 14)
+            acc_0_15 = acc_0_15 + mlp_HT(mlp_HT_row0 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 15)
+            acc_1_0 = acc_1_0 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile))
+            acc_1_1 = acc_1_1 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 1)
-            acc_1_2 = acc_1_2 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_1_2 = acc_1_2 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 2)
-            acc_1_3 = acc_1_3 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_1_3 = acc_1_3 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 3)
-            acc_1_4 = acc_1_4 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_1_4 = acc_1_4 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 4)
-            acc_1_5 = acc_1_5 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_1_5 = acc_1_5 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 5)
-            acc_1_6 = acc_1_6 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_1_6 = acc_1_6 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 6)
-            acc_1_7 = acc_1_7 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_1_7 = acc_1_7 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 7)
-            acc_2_0 = acc_2_0 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_2_1 = acc_2_1 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_1_8 = acc_1_8 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 8)
+            acc_1_9 = acc_1_9 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 9)
+            acc_1_10 = acc_1_10 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 10)
+            acc_1_11 = acc_1_11 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 11)
+            acc_1_12 = acc_1_12 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 12)
+            acc_1_13 = acc_1_13 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 13)
+            acc_1_14 = acc_1_14 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 14)
+            acc_1_15 = acc_1_15 + mlp_HT(mlp_HT_row1 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 15)
+            acc_2_0 = acc_2_0 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile))
+            acc_2_1 = acc_2_1 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 1)
-            acc_2_2 = acc_2_2 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_2_2 = acc_2_2 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 2)
-            acc_2_3 = acc_2_3 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_2_3 = acc_2_3 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 3)
-            acc_2_4 = acc_2_4 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_2_4 = acc_2_4 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 4)
-            acc_2_5 = acc_2_5 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_2_5 = acc_2_5 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 5)
-            acc_2_6 = acc_2_6 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_2_6 = acc_2_6 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 6)
-            acc_2_7 = acc_2_7 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_2_7 = acc_2_7 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 7)
-            acc_3_0 = acc_3_0 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_3_1 = acc_3_1 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_2_8 = acc_2_8 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 8)
+            acc_2_9 = acc_2_9 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 9)
+            acc_2_10 = acc_2_10 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 10)
+            acc_2_11 = acc_2_11 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 11)
+            acc_2_12 = acc_2_12 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 12)
+            acc_2_13 = acc_2_13 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 13)
+            acc_2_14 = acc_2_14 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 14)
+            acc_2_15 = acc_2_15 + mlp_HT(mlp_HT_row2 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 15)
+            acc_3_0 = acc_3_0 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile))
+            acc_3_1 = acc_3_1 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 1)
-            acc_3_2 = acc_3_2 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_3_2 = acc_3_2 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 2)
-            acc_3_3 = acc_3_3 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_3_3 = acc_3_3 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 3)
-            acc_3_4 = acc_3_4 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_3_4 = acc_3_4 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 4)
-            acc_3_5 = acc_3_5 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_3_5 = acc_3_5 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 5)
-            acc_3_6 = acc_3_6 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_3_6 = acc_3_6 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 6)
-            acc_3_7 = acc_3_7 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_3_7 = acc_3_7 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 7)
-            acc_4_0 = acc_4_0 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_4_1 = acc_4_1 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_3_8 = acc_3_8 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 8)
+            acc_3_9 = acc_3_9 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 9)
+            acc_3_10 = acc_3_10 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 10)
+            acc_3_11 = acc_3_11 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 11)
+            acc_3_12 = acc_3_12 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 12)
+            acc_3_13 = acc_3_13 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 13)
+            acc_3_14 = acc_3_14 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 14)
+            acc_3_15 = acc_3_15 + mlp_HT(mlp_HT_row3 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 15)
+            acc_4_0 = acc_4_0 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile))
+            acc_4_1 = acc_4_1 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 1)
-            acc_4_2 = acc_4_2 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_4_2 = acc_4_2 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 2)
-            acc_4_3 = acc_4_3 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_4_3 = acc_4_3 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 3)
-            acc_4_4 = acc_4_4 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_4_4 = acc_4_4 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 4)
-            acc_4_5 = acc_4_5 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_4_5 = acc_4_5 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 5)
-            acc_4_6 = acc_4_6 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_4_6 = acc_4_6 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 6)
-            acc_4_7 = acc_4_7 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_4_7 = acc_4_7 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 7)
-            acc_5_0 = acc_5_0 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_5_1 = acc_5_1 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_4_8 = acc_4_8 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 8)
+            acc_4_9 = acc_4_9 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 9)
+            acc_4_10 = acc_4_10 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 10)
+            acc_4_11 = acc_4_11 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 11)
+            acc_4_12 = acc_4_12 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 12)
+            acc_4_13 = acc_4_13 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 13)
+            acc_4_14 = acc_4_14 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 14)
+            acc_4_15 = acc_4_15 + mlp_HT(mlp_HT_row4 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 15)
+            acc_5_0 = acc_5_0 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile))
+            acc_5_1 = acc_5_1 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 1)
-            acc_5_2 = acc_5_2 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_5_2 = acc_5_2 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 2)
-            acc_5_3 = acc_5_3 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_5_3 = acc_5_3 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 3)
-            acc_5_4 = acc_5_4 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_5_4 = acc_5_4 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 4)
-            acc_5_5 = acc_5_5 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_5_5 = acc_5_5 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 5)
-            acc_5_6 = acc_5_6 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_5_6 = acc_5_6 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 6)
-            acc_5_7 = acc_5_7 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(8*i + 8*n*(b + &
+            acc_5_7 = acc_5_7 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
                 & batch*c_tile) + 7)
+            acc_5_8 = acc_5_8 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 8)
+            acc_5_9 = acc_5_9 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 9)
+            acc_5_10 = acc_5_10 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 10)
+            acc_5_11 = acc_5_11 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 11)
+            acc_5_12 = acc_5_12 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 12)
+            acc_5_13 = acc_5_13 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 13)
+            acc_5_14 = acc_5_14 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 14)
+            acc_5_15 = acc_5_15 + mlp_HT(mlp_HT_row5 + i) * mlp_dF_panel(16*i + 16*n*(b + &
+                & batch*c_tile) + 15)
           end do
         end do
-        dWd(8*c_tile + dm*min(6*e_tile, dff - 1)) = acc_0_0
-        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 1) = acc_0_1
-        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 2) = acc_0_2
-        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 3) = acc_0_3
-        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 4) = acc_0_4
-        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 5) = acc_0_5
-        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 6) = acc_0_6
-        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 7) = acc_0_7
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1)) = acc_1_0
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 1) = acc_1_1
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 2) = acc_1_2
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 3) = acc_1_3
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 4) = acc_1_4
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 5) = acc_1_5
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 6) = acc_1_6
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 7) = acc_1_7
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2)) = acc_2_0
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 1) = acc_2_1
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 2) = acc_2_2
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 3) = acc_2_3
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 4) = acc_2_4
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 5) = acc_2_5
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 6) = acc_2_6
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 7) = acc_2_7
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3)) = acc_3_0
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 1) = acc_3_1
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 2) = acc_3_2
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 3) = acc_3_3
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 4) = acc_3_4
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 5) = acc_3_5
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 6) = acc_3_6
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 7) = acc_3_7
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4)) = acc_4_0
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 1) = acc_4_1
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 2) = acc_4_2
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 3) = acc_4_3
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 4) = acc_4_4
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 5) = acc_4_5
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 6) = acc_4_6
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 7) = acc_4_7
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5)) = acc_5_0
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 1) = acc_5_1
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 2) = acc_5_2
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 3) = acc_5_3
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 4) = acc_5_4
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 5) = acc_5_5
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 6) = acc_5_6
-        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 7) = acc_5_7
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1)) = acc_0_0
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 1) = acc_0_1
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 2) = acc_0_2
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 3) = acc_0_3
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 4) = acc_0_4
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 5) = acc_0_5
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 6) = acc_0_6
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 7) = acc_0_7
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 8) = acc_0_8
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 9) = acc_0_9
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 10) = acc_0_10
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 11) = acc_0_11
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 12) = acc_0_12
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 13) = acc_0_13
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 14) = acc_0_14
+        dWd(16*c_tile + dm*min(6*e_tile, dff - 1) + 15) = acc_0_15
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1)) = acc_1_0
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 1) = acc_1_1
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 2) = acc_1_2
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 3) = acc_1_3
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 4) = acc_1_4
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 5) = acc_1_5
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 6) = acc_1_6
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 7) = acc_1_7
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 8) = acc_1_8
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 9) = acc_1_9
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 10) = acc_1_10
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 11) = acc_1_11
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 12) = acc_1_12
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 13) = acc_1_13
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 14) = acc_1_14
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 15) = acc_1_15
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2)) = acc_2_0
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 1) = acc_2_1
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 2) = acc_2_2
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 3) = acc_2_3
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 4) = acc_2_4
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 5) = acc_2_5
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 6) = acc_2_6
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 7) = acc_2_7
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 8) = acc_2_8
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 9) = acc_2_9
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 10) = acc_2_10
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 11) = acc_2_11
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 12) = acc_2_12
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 13) = acc_2_13
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 14) = acc_2_14
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 15) = acc_2_15
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3)) = acc_3_0
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 1) = acc_3_1
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 2) = acc_3_2
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 3) = acc_3_3
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 4) = acc_3_4
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 5) = acc_3_5
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 6) = acc_3_6
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 7) = acc_3_7
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 8) = acc_3_8
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 9) = acc_3_9
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 10) = acc_3_10
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 11) = acc_3_11
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 12) = acc_3_12
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 13) = acc_3_13
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 14) = acc_3_14
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 15) = acc_3_15
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4)) = acc_4_0
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 1) = acc_4_1
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 2) = acc_4_2
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 3) = acc_4_3
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 4) = acc_4_4
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 5) = acc_4_5
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 6) = acc_4_6
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 7) = acc_4_7
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 8) = acc_4_8
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 9) = acc_4_9
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 10) = acc_4_10
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 11) = acc_4_11
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 12) = acc_4_12
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 13) = acc_4_13
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 14) = acc_4_14
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 15) = acc_4_15
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5)) = acc_5_0
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 1) = acc_5_1
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 2) = acc_5_2
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 3) = acc_5_3
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 4) = acc_5_4
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 5) = acc_5_5
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 6) = acc_5_6
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 7) = acc_5_7
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 8) = acc_5_8
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 9) = acc_5_9
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 10) = acc_5_10
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 11) = acc_5_11
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 12) = acc_5_12
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 13) = acc_5_13
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 14) = acc_5_14
+        dWd(16*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 15) = acc_5_15
       end do
     end do
     !$omp end parallel do
@@ -5185,7 +6301,7 @@ contains
     ! for e (parallel) / c / b / i (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, over_b, acc)
     do e = 0, dff - 1
-      do c = 8*((dm) / 8), dm - 1
+      do c = 16*((dm) / 16), dm - 1
         over_b = 0.0_c_float
         do b = 0, batch - 1
           acc = 0.0_c_float

@@ -3418,12 +3418,12 @@ contains
     real(c_float), intent(out) :: qkv_Wk_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: qkv_Wv_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: attn_probs(0:batch * heads * n * 64 - 1)
-    real(c_float), intent(out) :: attn_K_panel(0:batch * heads * ((n) / 16) * dh * 16 - 1)
+    real(c_float), intent(out) :: attn_K_panel(0:batch * heads * ((n) / 32) * dh * 32 - 1)
     real(c_float), intent(out) :: out_Wo_panel(0:((dm) / 8) * heads * dh * 8 - 1)
     real(c_float), intent(out) :: mlp_H(0:batch * n * dff - 1)
-    real(c_float), intent(out) :: mlp_Wg_panel(0:((dff) / 8) * dm * 8 - 1)
-    real(c_float), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
-    real(c_float), intent(out) :: mlp_Wd_panel(0:((dm) / 8) * dff * 8 - 1)
+    real(c_float), intent(out) :: mlp_Wg_panel(0:((dff) / 16) * dm * 16 - 1)
+    real(c_float), intent(out) :: mlp_Wu_panel(0:((dff) / 16) * dm * 16 - 1)
+    real(c_float), intent(out) :: mlp_Wd_panel(0:((dm) / 16) * dff * 16 - 1)
     integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, a0, a1, a2, a3, j_blk, j_tile, j, &
         & m_tile, e_tile, i_blk, e, qkv_Wq_panel_row, Wq_row, xn1_row0, xn1_row1, xn1_row2, &
         & xn1_row3, xn1_row4, xn1_row5, Q_row, qkv_Wk_panel_row, Wk_row, K_row, qkv_Wv_panel_row, &
@@ -3441,34 +3441,64 @@ contains
         & row_max_3, row_max_4, row_max_5, row_max_6, row_max_7, row_sum_0, row_sum_1, row_sum_2, &
         & row_sum_3, row_sum_4, row_sum_5, row_sum_6, row_sum_7, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
         & qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, &
-        & qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, &
-        & qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, &
-        & qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, &
-        & qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, &
-        & qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, &
-        & qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, &
-        & qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, &
-        & qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, &
-        & qk_5_14, qk_5_15, qk_6_0, qk_6_1, qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, qk_6_7, &
-        & qk_6_8, qk_6_9, qk_6_10, qk_6_11, qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_7_0, qk_7_1, &
-        & qk_7_2, qk_7_3, qk_7_4, qk_7_5, qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, qk_7_11, &
-        & qk_7_12, qk_7_13, qk_7_14, qk_7_15, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, &
-        & block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
+        & qk_0_14, qk_0_15, qk_0_16, qk_0_17, qk_0_18, qk_0_19, qk_0_20, qk_0_21, qk_0_22, &
+        & qk_0_23, qk_0_24, qk_0_25, qk_0_26, qk_0_27, qk_0_28, qk_0_29, qk_0_30, qk_0_31, &
+        & qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_1_8, qk_1_9, &
+        & qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_1_16, qk_1_17, qk_1_18, &
+        & qk_1_19, qk_1_20, qk_1_21, qk_1_22, qk_1_23, qk_1_24, qk_1_25, qk_1_26, qk_1_27, &
+        & qk_1_28, qk_1_29, qk_1_30, qk_1_31, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, &
+        & qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, qk_2_12, qk_2_13, qk_2_14, qk_2_15, &
+        & qk_2_16, qk_2_17, qk_2_18, qk_2_19, qk_2_20, qk_2_21, qk_2_22, qk_2_23, qk_2_24, &
+        & qk_2_25, qk_2_26, qk_2_27, qk_2_28, qk_2_29, qk_2_30, qk_2_31, qk_3_0, qk_3_1, qk_3_2, &
+        & qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, &
+        & qk_3_13, qk_3_14, qk_3_15, qk_3_16, qk_3_17, qk_3_18, qk_3_19, qk_3_20, qk_3_21, &
+        & qk_3_22, qk_3_23, qk_3_24, qk_3_25, qk_3_26, qk_3_27, qk_3_28, qk_3_29, qk_3_30, &
+        & qk_3_31, qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, &
+        & qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_4_16, qk_4_17, &
+        & qk_4_18, qk_4_19, qk_4_20, qk_4_21, qk_4_22, qk_4_23, qk_4_24, qk_4_25, qk_4_26, &
+        & qk_4_27, qk_4_28, qk_4_29, qk_4_30, qk_4_31, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, &
+        & qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, qk_5_14, &
+        & qk_5_15, qk_5_16, qk_5_17, qk_5_18, qk_5_19, qk_5_20, qk_5_21, qk_5_22, qk_5_23, &
+        & qk_5_24, qk_5_25, qk_5_26, qk_5_27, qk_5_28, qk_5_29, qk_5_30, qk_5_31, qk_6_0, qk_6_1, &
+        & qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, qk_6_7, qk_6_8, qk_6_9, qk_6_10, qk_6_11, &
+        & qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_6_16, qk_6_17, qk_6_18, qk_6_19, qk_6_20, &
+        & qk_6_21, qk_6_22, qk_6_23, qk_6_24, qk_6_25, qk_6_26, qk_6_27, qk_6_28, qk_6_29, &
+        & qk_6_30, qk_6_31, qk_7_0, qk_7_1, qk_7_2, qk_7_3, qk_7_4, qk_7_5, qk_7_6, qk_7_7, &
+        & qk_7_8, qk_7_9, qk_7_10, qk_7_11, qk_7_12, qk_7_13, qk_7_14, qk_7_15, qk_7_16, qk_7_17, &
+        & qk_7_18, qk_7_19, qk_7_20, qk_7_21, qk_7_22, qk_7_23, qk_7_24, qk_7_25, qk_7_26, &
+        & qk_7_27, qk_7_28, qk_7_29, qk_7_30, qk_7_31, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, &
+        & qk_7, block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
         & block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, &
         & new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, rescale_4, &
         & rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
         & block_sum_4, block_sum_5, block_sum_6, block_sum_7, o_0, o_1, o_2, o_3, o_4, o_5, o_6, &
-        & o_7, o_8, o_9, o_10, o_11, o_12, o_13, o_14, o_15, o_0b, o_1b, o_2b, o_3b, o_4b, o_5b, &
-        & o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, o_12b, o_13b, o_14b, o_15b, o_0c, o_1c, o_2c, &
-        & o_3c, o_4c, o_5c, o_6c, o_7c, o_8c, o_9c, o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, &
-        & o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, &
-        & o_14d, o_15d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, o_11e, &
-        & o_12e, o_13e, o_14e, o_15e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, &
-        & o_10f, o_11f, o_12f, o_13f, o_14f, o_15f, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, &
-        & o_7g, o_8g, o_9g, o_10g, o_11g, o_12g, o_13g, o_14g, o_15g, o_0h, o_1h, o_2h, o_3h, &
-        & o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, o_10h, o_11h, o_12h, o_13h, o_14h, o_15h, t_0, t_1, &
-        & t_2, t_3, t_4, t_5, t_6, t_7, row_max, row_sum, qk, block_max, new_max, rescale, &
-        & block_sum, t, heads_sum, ow, xg, xu, hw
+        & o_7, o_8, o_9, o_10, o_11, o_12, o_13, o_14, o_15, o_16, o_17, o_18, o_19, o_20, o_21, &
+        & o_22, o_23, o_24, o_25, o_26, o_27, o_28, o_29, o_30, o_31, o_0b, o_1b, o_2b, o_3b, &
+        & o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, o_12b, o_13b, o_14b, o_15b, o_16b, &
+        & o_17b, o_18b, o_19b, o_20b, o_21b, o_22b, o_23b, o_24b, o_25b, o_26b, o_27b, o_28b, &
+        & o_29b, o_30b, o_31b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_8c, o_9c, o_10c, &
+        & o_11c, o_12c, o_13c, o_14c, o_15c, o_16c, o_17c, o_18c, o_19c, o_20c, o_21c, o_22c, &
+        & o_23c, o_24c, o_25c, o_26c, o_27c, o_28c, o_29c, o_30c, o_31c, o_0d, o_1d, o_2d, o_3d, &
+        & o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, o_14d, o_15d, o_16d, &
+        & o_17d, o_18d, o_19d, o_20d, o_21d, o_22d, o_23d, o_24d, o_25d, o_26d, o_27d, o_28d, &
+        & o_29d, o_30d, o_31d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, &
+        & o_11e, o_12e, o_13e, o_14e, o_15e, o_16e, o_17e, o_18e, o_19e, o_20e, o_21e, o_22e, &
+        & o_23e, o_24e, o_25e, o_26e, o_27e, o_28e, o_29e, o_30e, o_31e, o_0f, o_1f, o_2f, o_3f, &
+        & o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, o_10f, o_11f, o_12f, o_13f, o_14f, o_15f, o_16f, &
+        & o_17f, o_18f, o_19f, o_20f, o_21f, o_22f, o_23f, o_24f, o_25f, o_26f, o_27f, o_28f, &
+        & o_29f, o_30f, o_31f, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, o_7g, o_8g, o_9g, o_10g, &
+        & o_11g, o_12g, o_13g, o_14g, o_15g, o_16g, o_17g, o_18g, o_19g, o_20g, o_21g, o_22g, &
+        & o_23g, o_24g, o_25g, o_26g, o_27g, o_28g, o_29g, o_30g, o_31g, o_0h, o_1h, o_2h, o_3h, &
+        & o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, o_10h, o_11h, o_12h, o_13h, o_14h, o_15h, o_16h, &
+        & o_17h, o_18h, o_19h, o_20h, o_21h, o_22h, o_23h, o_24h, o_25h, o_26h, o_27h, o_28h, &
+        & o_29h, o_30h, o_31h, t_0, t_1, t_2, t_3, t_4, t_5, t_6, t_7, row_max, row_sum, qk, &
+        & block_max, new_max, rescale, block_sum, t, heads_sum, ow, acc_0_8, acc_0_9, acc_0_10, &
+        & acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_8, acc_1_9, acc_1_10, acc_1_11, &
+        & acc_1_12, acc_1_13, acc_1_14, acc_1_15, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, &
+        & acc_2_13, acc_2_14, acc_2_15, acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, &
+        & acc_3_14, acc_3_15, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, &
+        & acc_4_15, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15, &
+        & xg, xu, hw
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -4261,12 +4291,12 @@ contains
     !$omp parallel do collapse(3) schedule(static) private(a3, lane, attn_K_panel_row)
     do a0 = 0, batch - 1
       do a1 = 0, heads - 1
-        do a2 = 0, ((n) / 16) - 1
+        do a2 = 0, ((n) / 32) - 1
           do a3 = 0, dh - 1
-            attn_K_panel_row = 16*a3 + 16*dh*(a2 + (a0*heads + a1)*((n) / 16))
+            attn_K_panel_row = 32*a3 + 32*dh*(a2 + (a0*heads + a1)*((n) / 32))
             !$omp simd
-            do lane = 0, 15
-              attn_K_panel(attn_K_panel_row + lane) = K(a3 + dh*(16*a2 + lane + n*(a0*heads + a1)))
+            do lane = 0, 31
+              attn_K_panel(attn_K_panel_row + lane) = K(a3 + dh*(32*a2 + lane + n*(a0*heads + a1)))
             end do
           end do
         end do
@@ -4280,34 +4310,59 @@ contains
     !$omp& V_row, row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, &
     !$omp& row_max_7, row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, &
     !$omp& row_sum_6, row_sum_7, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, &
-    !$omp& qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_1_0, qk_1_1, &
-    !$omp& qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_1_8, qk_1_9, qk_1_10, qk_1_11, &
-    !$omp& qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, &
-    !$omp& qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, qk_2_12, qk_2_13, qk_2_14, qk_2_15, &
-    !$omp& qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_3_8, qk_3_9, &
-    !$omp& qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, qk_4_0, qk_4_1, qk_4_2, qk_4_3, &
-    !$omp& qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, &
-    !$omp& qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, &
-    !$omp& qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, qk_5_14, qk_5_15, qk_6_0, qk_6_1, &
-    !$omp& qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, qk_6_7, qk_6_8, qk_6_9, qk_6_10, qk_6_11, &
-    !$omp& qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_7_0, qk_7_1, qk_7_2, qk_7_3, qk_7_4, qk_7_5, &
-    !$omp& qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, qk_7_11, qk_7_12, qk_7_13, qk_7_14, qk_7_15, &
-    !$omp& qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, block_max_0, block_max_1, block_max_2, &
-    !$omp& block_max_3, block_max_4, block_max_5, block_max_6, block_max_7, new_max_0, new_max_1, &
-    !$omp& new_max_2, new_max_3, new_max_4, new_max_5, new_max_6, new_max_7, rescale_0, &
-    !$omp& rescale_1, rescale_2, rescale_3, rescale_4, rescale_5, rescale_6, rescale_7, &
-    !$omp& block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5, &
-    !$omp& block_sum_6, block_sum_7, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_8, o_9, o_10, &
-    !$omp& o_11, o_12, o_13, o_14, o_15, o_0b, o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, &
-    !$omp& o_9b, o_10b, o_11b, o_12b, o_13b, o_14b, o_15b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, &
-    !$omp& o_6c, o_7c, o_8c, o_9c, o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, o_0d, o_1d, o_2d, &
-    !$omp& o_3d, o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, o_14d, o_15d, &
-    !$omp& o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, o_11e, o_12e, &
-    !$omp& o_13e, o_14e, o_15e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, &
-    !$omp& o_10f, o_11f, o_12f, o_13f, o_14f, o_15f, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, &
-    !$omp& o_7g, o_8g, o_9g, o_10g, o_11g, o_12g, o_13g, o_14g, o_15g, o_0h, o_1h, o_2h, o_3h, &
-    !$omp& o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, o_10h, o_11h, o_12h, o_13h, o_14h, o_15h, t_0, &
-    !$omp& t_1, t_2, t_3, t_4, t_5, t_6, t_7)
+    !$omp& qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_0_16, &
+    !$omp& qk_0_17, qk_0_18, qk_0_19, qk_0_20, qk_0_21, qk_0_22, qk_0_23, qk_0_24, qk_0_25, &
+    !$omp& qk_0_26, qk_0_27, qk_0_28, qk_0_29, qk_0_30, qk_0_31, qk_1_0, qk_1_1, qk_1_2, qk_1_3, &
+    !$omp& qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, &
+    !$omp& qk_1_14, qk_1_15, qk_1_16, qk_1_17, qk_1_18, qk_1_19, qk_1_20, qk_1_21, qk_1_22, &
+    !$omp& qk_1_23, qk_1_24, qk_1_25, qk_1_26, qk_1_27, qk_1_28, qk_1_29, qk_1_30, qk_1_31, &
+    !$omp& qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, &
+    !$omp& qk_2_10, qk_2_11, qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_2_16, qk_2_17, qk_2_18, &
+    !$omp& qk_2_19, qk_2_20, qk_2_21, qk_2_22, qk_2_23, qk_2_24, qk_2_25, qk_2_26, qk_2_27, &
+    !$omp& qk_2_28, qk_2_29, qk_2_30, qk_2_31, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, &
+    !$omp& qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, &
+    !$omp& qk_3_16, qk_3_17, qk_3_18, qk_3_19, qk_3_20, qk_3_21, qk_3_22, qk_3_23, qk_3_24, &
+    !$omp& qk_3_25, qk_3_26, qk_3_27, qk_3_28, qk_3_29, qk_3_30, qk_3_31, qk_4_0, qk_4_1, qk_4_2, &
+    !$omp& qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, qk_4_10, qk_4_11, qk_4_12, &
+    !$omp& qk_4_13, qk_4_14, qk_4_15, qk_4_16, qk_4_17, qk_4_18, qk_4_19, qk_4_20, qk_4_21, &
+    !$omp& qk_4_22, qk_4_23, qk_4_24, qk_4_25, qk_4_26, qk_4_27, qk_4_28, qk_4_29, qk_4_30, &
+    !$omp& qk_4_31, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, &
+    !$omp& qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, qk_5_14, qk_5_15, qk_5_16, qk_5_17, &
+    !$omp& qk_5_18, qk_5_19, qk_5_20, qk_5_21, qk_5_22, qk_5_23, qk_5_24, qk_5_25, qk_5_26, &
+    !$omp& qk_5_27, qk_5_28, qk_5_29, qk_5_30, qk_5_31, qk_6_0, qk_6_1, qk_6_2, qk_6_3, qk_6_4, &
+    !$omp& qk_6_5, qk_6_6, qk_6_7, qk_6_8, qk_6_9, qk_6_10, qk_6_11, qk_6_12, qk_6_13, qk_6_14, &
+    !$omp& qk_6_15, qk_6_16, qk_6_17, qk_6_18, qk_6_19, qk_6_20, qk_6_21, qk_6_22, qk_6_23, &
+    !$omp& qk_6_24, qk_6_25, qk_6_26, qk_6_27, qk_6_28, qk_6_29, qk_6_30, qk_6_31, qk_7_0, &
+    !$omp& qk_7_1, qk_7_2, qk_7_3, qk_7_4, qk_7_5, qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, &
+    !$omp& qk_7_11, qk_7_12, qk_7_13, qk_7_14, qk_7_15, qk_7_16, qk_7_17, qk_7_18, qk_7_19, &
+    !$omp& qk_7_20, qk_7_21, qk_7_22, qk_7_23, qk_7_24, qk_7_25, qk_7_26, qk_7_27, qk_7_28, &
+    !$omp& qk_7_29, qk_7_30, qk_7_31, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, &
+    !$omp& block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
+    !$omp& block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, &
+    !$omp& new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, &
+    !$omp& rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, &
+    !$omp& block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, o_0, o_1, o_2, o_3, &
+    !$omp& o_4, o_5, o_6, o_7, o_8, o_9, o_10, o_11, o_12, o_13, o_14, o_15, o_16, o_17, o_18, &
+    !$omp& o_19, o_20, o_21, o_22, o_23, o_24, o_25, o_26, o_27, o_28, o_29, o_30, o_31, o_0b, &
+    !$omp& o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, o_12b, o_13b, &
+    !$omp& o_14b, o_15b, o_16b, o_17b, o_18b, o_19b, o_20b, o_21b, o_22b, o_23b, o_24b, o_25b, &
+    !$omp& o_26b, o_27b, o_28b, o_29b, o_30b, o_31b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, &
+    !$omp& o_7c, o_8c, o_9c, o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, o_16c, o_17c, o_18c, &
+    !$omp& o_19c, o_20c, o_21c, o_22c, o_23c, o_24c, o_25c, o_26c, o_27c, o_28c, o_29c, o_30c, &
+    !$omp& o_31c, o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, &
+    !$omp& o_12d, o_13d, o_14d, o_15d, o_16d, o_17d, o_18d, o_19d, o_20d, o_21d, o_22d, o_23d, &
+    !$omp& o_24d, o_25d, o_26d, o_27d, o_28d, o_29d, o_30d, o_31d, o_0e, o_1e, o_2e, o_3e, o_4e, &
+    !$omp& o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, o_11e, o_12e, o_13e, o_14e, o_15e, o_16e, o_17e, &
+    !$omp& o_18e, o_19e, o_20e, o_21e, o_22e, o_23e, o_24e, o_25e, o_26e, o_27e, o_28e, o_29e, &
+    !$omp& o_30e, o_31e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, o_10f, &
+    !$omp& o_11f, o_12f, o_13f, o_14f, o_15f, o_16f, o_17f, o_18f, o_19f, o_20f, o_21f, o_22f, &
+    !$omp& o_23f, o_24f, o_25f, o_26f, o_27f, o_28f, o_29f, o_30f, o_31f, o_0g, o_1g, o_2g, o_3g, &
+    !$omp& o_4g, o_5g, o_6g, o_7g, o_8g, o_9g, o_10g, o_11g, o_12g, o_13g, o_14g, o_15g, o_16g, &
+    !$omp& o_17g, o_18g, o_19g, o_20g, o_21g, o_22g, o_23g, o_24g, o_25g, o_26g, o_27g, o_28g, &
+    !$omp& o_29g, o_30g, o_31g, o_0h, o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, &
+    !$omp& o_10h, o_11h, o_12h, o_13h, o_14h, o_15h, o_16h, o_17h, o_18h, o_19h, o_20h, o_21h, &
+    !$omp& o_22h, o_23h, o_24h, o_25h, o_26h, o_27h, o_28h, o_29h, o_30h, o_31h, t_0, t_1, t_2, &
+    !$omp& t_3, t_4, t_5, t_6, t_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 8) - 1
@@ -4339,7 +4394,7 @@ contains
           row_sum_6 = 0.0_c_float
           row_sum_7 = 0.0_c_float
           do j_blk = 0, ((n + 63) / 64) - 1
-            do j_tile = 4*j_blk, ((min(n, 64*j_blk + 64)) / 16) - 1
+            do j_tile = 2*j_blk, ((min(n, 64*j_blk + 64)) / 32) - 1
               qk_0_0 = 0.0_c_float
               qk_0_1 = 0.0_c_float
               qk_0_2 = 0.0_c_float
@@ -4356,6 +4411,22 @@ contains
               qk_0_13 = 0.0_c_float
               qk_0_14 = 0.0_c_float
               qk_0_15 = 0.0_c_float
+              qk_0_16 = 0.0_c_float
+              qk_0_17 = 0.0_c_float
+              qk_0_18 = 0.0_c_float
+              qk_0_19 = 0.0_c_float
+              qk_0_20 = 0.0_c_float
+              qk_0_21 = 0.0_c_float
+              qk_0_22 = 0.0_c_float
+              qk_0_23 = 0.0_c_float
+              qk_0_24 = 0.0_c_float
+              qk_0_25 = 0.0_c_float
+              qk_0_26 = 0.0_c_float
+              qk_0_27 = 0.0_c_float
+              qk_0_28 = 0.0_c_float
+              qk_0_29 = 0.0_c_float
+              qk_0_30 = 0.0_c_float
+              qk_0_31 = 0.0_c_float
               qk_1_0 = 0.0_c_float
               qk_1_1 = 0.0_c_float
               qk_1_2 = 0.0_c_float
@@ -4372,6 +4443,22 @@ contains
               qk_1_13 = 0.0_c_float
               qk_1_14 = 0.0_c_float
               qk_1_15 = 0.0_c_float
+              qk_1_16 = 0.0_c_float
+              qk_1_17 = 0.0_c_float
+              qk_1_18 = 0.0_c_float
+              qk_1_19 = 0.0_c_float
+              qk_1_20 = 0.0_c_float
+              qk_1_21 = 0.0_c_float
+              qk_1_22 = 0.0_c_float
+              qk_1_23 = 0.0_c_float
+              qk_1_24 = 0.0_c_float
+              qk_1_25 = 0.0_c_float
+              qk_1_26 = 0.0_c_float
+              qk_1_27 = 0.0_c_float
+              qk_1_28 = 0.0_c_float
+              qk_1_29 = 0.0_c_float
+              qk_1_30 = 0.0_c_float
+              qk_1_31 = 0.0_c_float
               qk_2_0 = 0.0_c_float
               qk_2_1 = 0.0_c_float
               qk_2_2 = 0.0_c_float
@@ -4388,6 +4475,22 @@ contains
               qk_2_13 = 0.0_c_float
               qk_2_14 = 0.0_c_float
               qk_2_15 = 0.0_c_float
+              qk_2_16 = 0.0_c_float
+              qk_2_17 = 0.0_c_float
+              qk_2_18 = 0.0_c_float
+              qk_2_19 = 0.0_c_float
+              qk_2_20 = 0.0_c_float
+              qk_2_21 = 0.0_c_float
+              qk_2_22 = 0.0_c_float
+              qk_2_23 = 0.0_c_float
+              qk_2_24 = 0.0_c_float
+              qk_2_25 = 0.0_c_float
+              qk_2_26 = 0.0_c_float
+              qk_2_27 = 0.0_c_float
+              qk_2_28 = 0.0_c_float
+              qk_2_29 = 0.0_c_float
+              qk_2_30 = 0.0_c_float
+              qk_2_31 = 0.0_c_float
               qk_3_0 = 0.0_c_float
               qk_3_1 = 0.0_c_float
               qk_3_2 = 0.0_c_float
@@ -4404,6 +4507,22 @@ contains
               qk_3_13 = 0.0_c_float
               qk_3_14 = 0.0_c_float
               qk_3_15 = 0.0_c_float
+              qk_3_16 = 0.0_c_float
+              qk_3_17 = 0.0_c_float
+              qk_3_18 = 0.0_c_float
+              qk_3_19 = 0.0_c_float
+              qk_3_20 = 0.0_c_float
+              qk_3_21 = 0.0_c_float
+              qk_3_22 = 0.0_c_float
+              qk_3_23 = 0.0_c_float
+              qk_3_24 = 0.0_c_float
+              qk_3_25 = 0.0_c_float
+              qk_3_26 = 0.0_c_float
+              qk_3_27 = 0.0_c_float
+              qk_3_28 = 0.0_c_float
+              qk_3_29 = 0.0_c_float
+              qk_3_30 = 0.0_c_float
+              qk_3_31 = 0.0_c_float
               qk_4_0 = 0.0_c_float
               qk_4_1 = 0.0_c_float
               qk_4_2 = 0.0_c_float
@@ -4420,6 +4539,22 @@ contains
               qk_4_13 = 0.0_c_float
               qk_4_14 = 0.0_c_float
               qk_4_15 = 0.0_c_float
+              qk_4_16 = 0.0_c_float
+              qk_4_17 = 0.0_c_float
+              qk_4_18 = 0.0_c_float
+              qk_4_19 = 0.0_c_float
+              qk_4_20 = 0.0_c_float
+              qk_4_21 = 0.0_c_float
+              qk_4_22 = 0.0_c_float
+              qk_4_23 = 0.0_c_float
+              qk_4_24 = 0.0_c_float
+              qk_4_25 = 0.0_c_float
+              qk_4_26 = 0.0_c_float
+              qk_4_27 = 0.0_c_float
+              qk_4_28 = 0.0_c_float
+              qk_4_29 = 0.0_c_float
+              qk_4_30 = 0.0_c_float
+              qk_4_31 = 0.0_c_float
               qk_5_0 = 0.0_c_float
               qk_5_1 = 0.0_c_float
               qk_5_2 = 0.0_c_float
@@ -4436,6 +4571,22 @@ contains
               qk_5_13 = 0.0_c_float
               qk_5_14 = 0.0_c_float
               qk_5_15 = 0.0_c_float
+              qk_5_16 = 0.0_c_float
+              qk_5_17 = 0.0_c_float
+              qk_5_18 = 0.0_c_float
+              qk_5_19 = 0.0_c_float
+              qk_5_20 = 0.0_c_float
+              qk_5_21 = 0.0_c_float
+              qk_5_22 = 0.0_c_float
+              qk_5_23 = 0.0_c_float
+              qk_5_24 = 0.0_c_float
+              qk_5_25 = 0.0_c_float
+              qk_5_26 = 0.0_c_float
+              qk_5_27 = 0.0_c_float
+              qk_5_28 = 0.0_c_float
+              qk_5_29 = 0.0_c_float
+              qk_5_30 = 0.0_c_float
+              qk_5_31 = 0.0_c_float
               qk_6_0 = 0.0_c_float
               qk_6_1 = 0.0_c_float
               qk_6_2 = 0.0_c_float
@@ -4452,6 +4603,22 @@ contains
               qk_6_13 = 0.0_c_float
               qk_6_14 = 0.0_c_float
               qk_6_15 = 0.0_c_float
+              qk_6_16 = 0.0_c_float
+              qk_6_17 = 0.0_c_float
+              qk_6_18 = 0.0_c_float
+              qk_6_19 = 0.0_c_float
+              qk_6_20 = 0.0_c_float
+              qk_6_21 = 0.0_c_float
+              qk_6_22 = 0.0_c_float
+              qk_6_23 = 0.0_c_float
+              qk_6_24 = 0.0_c_float
+              qk_6_25 = 0.0_c_float
+              qk_6_26 = 0.0_c_float
+              qk_6_27 = 0.0_c_float
+              qk_6_28 = 0.0_c_float
+              qk_6_29 = 0.0_c_float
+              qk_6_30 = 0.0_c_float
+              qk_6_31 = 0.0_c_float
               qk_7_0 = 0.0_c_float
               qk_7_1 = 0.0_c_float
               qk_7_2 = 0.0_c_float
@@ -4468,523 +4635,1051 @@ contains
               qk_7_13 = 0.0_c_float
               qk_7_14 = 0.0_c_float
               qk_7_15 = 0.0_c_float
+              qk_7_16 = 0.0_c_float
+              qk_7_17 = 0.0_c_float
+              qk_7_18 = 0.0_c_float
+              qk_7_19 = 0.0_c_float
+              qk_7_20 = 0.0_c_float
+              qk_7_21 = 0.0_c_float
+              qk_7_22 = 0.0_c_float
+              qk_7_23 = 0.0_c_float
+              qk_7_24 = 0.0_c_float
+              qk_7_25 = 0.0_c_float
+              qk_7_26 = 0.0_c_float
+              qk_7_27 = 0.0_c_float
+              qk_7_28 = 0.0_c_float
+              qk_7_29 = 0.0_c_float
+              qk_7_30 = 0.0_c_float
+              qk_7_31 = 0.0_c_float
               !GCC$ novector
               do c = 0, dh - 1
-                qk_0_0 = qk_0_0 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_0_1 = qk_0_1 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_0_2 = qk_0_2 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_0_3 = qk_0_3 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_0_4 = qk_0_4 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_0_5 = qk_0_5 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_0_6 = qk_0_6 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_0_7 = qk_0_7 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_0_8 = qk_0_8 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_0_9 = qk_0_9 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
-                qk_0_10 = qk_0_10 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
-                qk_0_11 = qk_0_11 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
-                qk_0_12 = qk_0_12 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
-                qk_0_13 = qk_0_13 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
-                qk_0_14 = qk_0_14 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
-                qk_0_15 = qk_0_15 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(16*c + &
-                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_1_0 = qk_1_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_1_1 = qk_1_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_1_2 = qk_1_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_1_3 = qk_1_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_1_4 = qk_1_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_1_5 = qk_1_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_1_6 = qk_1_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_1_7 = qk_1_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_1_8 = qk_1_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_1_9 = qk_1_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_0_0 = qk_0_0 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
+                qk_0_1 = qk_0_1 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
+                qk_0_2 = qk_0_2 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
+                qk_0_3 = qk_0_3 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
+                qk_0_4 = qk_0_4 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
+                qk_0_5 = qk_0_5 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
+                qk_0_6 = qk_0_6 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
+                qk_0_7 = qk_0_7 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
+                qk_0_8 = qk_0_8 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
+                qk_0_9 = qk_0_9 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
+                qk_0_10 = qk_0_10 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
+                qk_0_11 = qk_0_11 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
+                qk_0_12 = qk_0_12 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
+                qk_0_13 = qk_0_13 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
+                qk_0_14 = qk_0_14 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
+                qk_0_15 = qk_0_15 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
+                qk_0_16 = qk_0_16 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
+                qk_0_17 = qk_0_17 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
+                qk_0_18 = qk_0_18 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
+                qk_0_19 = qk_0_19 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
+                qk_0_20 = qk_0_20 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
+                qk_0_21 = qk_0_21 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
+                qk_0_22 = qk_0_22 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
+                qk_0_23 = qk_0_23 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
+                qk_0_24 = qk_0_24 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
+                qk_0_25 = qk_0_25 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
+                qk_0_26 = qk_0_26 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
+                qk_0_27 = qk_0_27 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
+                qk_0_28 = qk_0_28 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
+                qk_0_29 = qk_0_29 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
+                qk_0_30 = qk_0_30 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
+                qk_0_31 = qk_0_31 + Q(c + dh*(8*i_tile + n*(b*heads + h))) * attn_K_panel(32*c + &
+                    & 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
+                qk_1_0 = qk_1_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
+                qk_1_1 = qk_1_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
+                qk_1_2 = qk_1_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
+                qk_1_3 = qk_1_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
+                qk_1_4 = qk_1_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
+                qk_1_5 = qk_1_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
+                qk_1_6 = qk_1_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
+                qk_1_7 = qk_1_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
+                qk_1_8 = qk_1_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
+                qk_1_9 = qk_1_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
                 qk_1_10 = qk_1_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
                 qk_1_11 = qk_1_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
                 qk_1_12 = qk_1_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
                 qk_1_13 = qk_1_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
                 qk_1_14 = qk_1_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
                 qk_1_15 = qk_1_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_2_0 = qk_2_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_2_1 = qk_2_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_2_2 = qk_2_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_2_3 = qk_2_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_2_4 = qk_2_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_2_5 = qk_2_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_2_6 = qk_2_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_2_7 = qk_2_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_2_8 = qk_2_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_2_9 = qk_2_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
+                qk_1_16 = qk_1_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
+                qk_1_17 = qk_1_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
+                qk_1_18 = qk_1_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
+                qk_1_19 = qk_1_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
+                qk_1_20 = qk_1_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
+                qk_1_21 = qk_1_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
+                qk_1_22 = qk_1_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
+                qk_1_23 = qk_1_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
+                qk_1_24 = qk_1_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
+                qk_1_25 = qk_1_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
+                qk_1_26 = qk_1_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
+                qk_1_27 = qk_1_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
+                qk_1_28 = qk_1_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
+                qk_1_29 = qk_1_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
+                qk_1_30 = qk_1_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
+                qk_1_31 = qk_1_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 1)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
+                qk_2_0 = qk_2_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
+                qk_2_1 = qk_2_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
+                qk_2_2 = qk_2_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
+                qk_2_3 = qk_2_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
+                qk_2_4 = qk_2_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
+                qk_2_5 = qk_2_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
+                qk_2_6 = qk_2_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
+                qk_2_7 = qk_2_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
+                qk_2_8 = qk_2_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
+                qk_2_9 = qk_2_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
                 qk_2_10 = qk_2_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
                 qk_2_11 = qk_2_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
                 qk_2_12 = qk_2_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
                 qk_2_13 = qk_2_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
                 qk_2_14 = qk_2_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
                 qk_2_15 = qk_2_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_3_0 = qk_3_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_3_1 = qk_3_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_3_2 = qk_3_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_3_3 = qk_3_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_3_4 = qk_3_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_3_5 = qk_3_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_3_6 = qk_3_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_3_7 = qk_3_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_3_8 = qk_3_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_3_9 = qk_3_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
+                qk_2_16 = qk_2_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
+                qk_2_17 = qk_2_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
+                qk_2_18 = qk_2_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
+                qk_2_19 = qk_2_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
+                qk_2_20 = qk_2_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
+                qk_2_21 = qk_2_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
+                qk_2_22 = qk_2_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
+                qk_2_23 = qk_2_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
+                qk_2_24 = qk_2_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
+                qk_2_25 = qk_2_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
+                qk_2_26 = qk_2_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
+                qk_2_27 = qk_2_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
+                qk_2_28 = qk_2_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
+                qk_2_29 = qk_2_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
+                qk_2_30 = qk_2_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
+                qk_2_31 = qk_2_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 2)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
+                qk_3_0 = qk_3_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
+                qk_3_1 = qk_3_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
+                qk_3_2 = qk_3_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
+                qk_3_3 = qk_3_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
+                qk_3_4 = qk_3_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
+                qk_3_5 = qk_3_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
+                qk_3_6 = qk_3_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
+                qk_3_7 = qk_3_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
+                qk_3_8 = qk_3_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
+                qk_3_9 = qk_3_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
                 qk_3_10 = qk_3_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
                 qk_3_11 = qk_3_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
                 qk_3_12 = qk_3_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
                 qk_3_13 = qk_3_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
                 qk_3_14 = qk_3_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
                 qk_3_15 = qk_3_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_4_0 = qk_4_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_4_1 = qk_4_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_4_2 = qk_4_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_4_3 = qk_4_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_4_4 = qk_4_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_4_5 = qk_4_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_4_6 = qk_4_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_4_7 = qk_4_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_4_8 = qk_4_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_4_9 = qk_4_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
+                qk_3_16 = qk_3_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
+                qk_3_17 = qk_3_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
+                qk_3_18 = qk_3_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
+                qk_3_19 = qk_3_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
+                qk_3_20 = qk_3_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
+                qk_3_21 = qk_3_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
+                qk_3_22 = qk_3_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
+                qk_3_23 = qk_3_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
+                qk_3_24 = qk_3_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
+                qk_3_25 = qk_3_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
+                qk_3_26 = qk_3_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
+                qk_3_27 = qk_3_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
+                qk_3_28 = qk_3_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
+                qk_3_29 = qk_3_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
+                qk_3_30 = qk_3_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
+                qk_3_31 = qk_3_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 3)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
+                qk_4_0 = qk_4_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
+                qk_4_1 = qk_4_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
+                qk_4_2 = qk_4_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
+                qk_4_3 = qk_4_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
+                qk_4_4 = qk_4_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
+                qk_4_5 = qk_4_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
+                qk_4_6 = qk_4_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
+                qk_4_7 = qk_4_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
+                qk_4_8 = qk_4_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
+                qk_4_9 = qk_4_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
                 qk_4_10 = qk_4_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
                 qk_4_11 = qk_4_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
                 qk_4_12 = qk_4_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
                 qk_4_13 = qk_4_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
                 qk_4_14 = qk_4_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
                 qk_4_15 = qk_4_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_5_0 = qk_5_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_5_1 = qk_5_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_5_2 = qk_5_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_5_3 = qk_5_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_5_4 = qk_5_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_5_5 = qk_5_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_5_6 = qk_5_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_5_7 = qk_5_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_5_8 = qk_5_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_5_9 = qk_5_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
+                qk_4_16 = qk_4_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
+                qk_4_17 = qk_4_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
+                qk_4_18 = qk_4_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
+                qk_4_19 = qk_4_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
+                qk_4_20 = qk_4_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
+                qk_4_21 = qk_4_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
+                qk_4_22 = qk_4_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
+                qk_4_23 = qk_4_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
+                qk_4_24 = qk_4_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
+                qk_4_25 = qk_4_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
+                qk_4_26 = qk_4_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
+                qk_4_27 = qk_4_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
+                qk_4_28 = qk_4_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
+                qk_4_29 = qk_4_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
+                qk_4_30 = qk_4_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
+                qk_4_31 = qk_4_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 4)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
+                qk_5_0 = qk_5_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
+                qk_5_1 = qk_5_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
+                qk_5_2 = qk_5_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
+                qk_5_3 = qk_5_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
+                qk_5_4 = qk_5_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
+                qk_5_5 = qk_5_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
+                qk_5_6 = qk_5_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
+                qk_5_7 = qk_5_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
+                qk_5_8 = qk_5_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
+                qk_5_9 = qk_5_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
                 qk_5_10 = qk_5_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
                 qk_5_11 = qk_5_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
                 qk_5_12 = qk_5_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
                 qk_5_13 = qk_5_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
                 qk_5_14 = qk_5_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
                 qk_5_15 = qk_5_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_6_0 = qk_6_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_6_1 = qk_6_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_6_2 = qk_6_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_6_3 = qk_6_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_6_4 = qk_6_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_6_5 = qk_6_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_6_6 = qk_6_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_6_7 = qk_6_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_6_8 = qk_6_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_6_9 = qk_6_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
+                qk_5_16 = qk_5_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
+                qk_5_17 = qk_5_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
+                qk_5_18 = qk_5_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
+                qk_5_19 = qk_5_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
+                qk_5_20 = qk_5_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
+                qk_5_21 = qk_5_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
+                qk_5_22 = qk_5_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
+                qk_5_23 = qk_5_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
+                qk_5_24 = qk_5_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
+                qk_5_25 = qk_5_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
+                qk_5_26 = qk_5_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
+                qk_5_27 = qk_5_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
+                qk_5_28 = qk_5_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
+                qk_5_29 = qk_5_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
+                qk_5_30 = qk_5_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
+                qk_5_31 = qk_5_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 5)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
+                qk_6_0 = qk_6_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
+                qk_6_1 = qk_6_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
+                qk_6_2 = qk_6_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
+                qk_6_3 = qk_6_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
+                qk_6_4 = qk_6_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
+                qk_6_5 = qk_6_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
+                qk_6_6 = qk_6_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
+                qk_6_7 = qk_6_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
+                qk_6_8 = qk_6_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
+                qk_6_9 = qk_6_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
                 qk_6_10 = qk_6_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
                 qk_6_11 = qk_6_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
                 qk_6_12 = qk_6_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
                 qk_6_13 = qk_6_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
                 qk_6_14 = qk_6_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
                 qk_6_15 = qk_6_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
-                qk_7_0 = qk_7_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
-                qk_7_1 = qk_7_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
-                qk_7_2 = qk_7_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
-                qk_7_3 = qk_7_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
-                qk_7_4 = qk_7_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
-                qk_7_5 = qk_7_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
-                qk_7_6 = qk_7_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
-                qk_7_7 = qk_7_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
-                qk_7_8 = qk_7_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
-                qk_7_9 = qk_7_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(16*c &
-                    & + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
+                qk_6_16 = qk_6_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
+                qk_6_17 = qk_6_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
+                qk_6_18 = qk_6_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
+                qk_6_19 = qk_6_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
+                qk_6_20 = qk_6_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
+                qk_6_21 = qk_6_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
+                qk_6_22 = qk_6_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
+                qk_6_23 = qk_6_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
+                qk_6_24 = qk_6_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
+                qk_6_25 = qk_6_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
+                qk_6_26 = qk_6_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
+                qk_6_27 = qk_6_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
+                qk_6_28 = qk_6_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
+                qk_6_29 = qk_6_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
+                qk_6_30 = qk_6_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
+                qk_6_31 = qk_6_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
+                qk_7_0 = qk_7_0 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)))
+                qk_7_1 = qk_7_1 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 1)
+                qk_7_2 = qk_7_2 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 2)
+                qk_7_3 = qk_7_3 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 3)
+                qk_7_4 = qk_7_4 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 4)
+                qk_7_5 = qk_7_5 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 5)
+                qk_7_6 = qk_7_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 6)
+                qk_7_7 = qk_7_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 7)
+                qk_7_8 = qk_7_8 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 8)
+                qk_7_9 = qk_7_9 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * attn_K_panel(32*c &
+                    & + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 9)
                 qk_7_10 = qk_7_10 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 10)
                 qk_7_11 = qk_7_11 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 11)
                 qk_7_12 = qk_7_12 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 12)
                 qk_7_13 = qk_7_13 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 13)
                 qk_7_14 = qk_7_14 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 14)
                 qk_7_15 = qk_7_15 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
-                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 15)
+                qk_7_16 = qk_7_16 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 16)
+                qk_7_17 = qk_7_17 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 17)
+                qk_7_18 = qk_7_18 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 18)
+                qk_7_19 = qk_7_19 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 19)
+                qk_7_20 = qk_7_20 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 20)
+                qk_7_21 = qk_7_21 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 21)
+                qk_7_22 = qk_7_22 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 22)
+                qk_7_23 = qk_7_23 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 23)
+                qk_7_24 = qk_7_24 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 24)
+                qk_7_25 = qk_7_25 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 25)
+                qk_7_26 = qk_7_26 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 26)
+                qk_7_27 = qk_7_27 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 27)
+                qk_7_28 = qk_7_28 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 28)
+                qk_7_29 = qk_7_29 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 29)
+                qk_7_30 = qk_7_30 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 30)
+                qk_7_31 = qk_7_31 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
+                    & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
               end do
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h)) = merge(scale * &
-                  & qk_0_0, neg_inf, 8*i_tile >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 1) = &
-                  & merge(scale * qk_0_1, neg_inf, 8*i_tile >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 2) = &
-                  & merge(scale * qk_0_2, neg_inf, 8*i_tile >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 3) = &
-                  & merge(scale * qk_0_3, neg_inf, 8*i_tile >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 4) = &
-                  & merge(scale * qk_0_4, neg_inf, 8*i_tile >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 5) = &
-                  & merge(scale * qk_0_5, neg_inf, 8*i_tile >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 6) = &
-                  & merge(scale * qk_0_6, neg_inf, 8*i_tile >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 7) = &
-                  & merge(scale * qk_0_7, neg_inf, 8*i_tile >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 8) = &
-                  & merge(scale * qk_0_8, neg_inf, 8*i_tile >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 9) = &
-                  & merge(scale * qk_0_9, neg_inf, 8*i_tile >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 10) = &
-                  & merge(scale * qk_0_10, neg_inf, 8*i_tile >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 11) = &
-                  & merge(scale * qk_0_11, neg_inf, 8*i_tile >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 12) = &
-                  & merge(scale * qk_0_12, neg_inf, 8*i_tile >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 13) = &
-                  & merge(scale * qk_0_13, neg_inf, 8*i_tile >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 14) = &
-                  & merge(scale * qk_0_14, neg_inf, 8*i_tile >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 15) = &
-                  & merge(scale * qk_0_15, neg_inf, 8*i_tile >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 64) = &
-                  & merge(scale * qk_1_0, neg_inf, 8*i_tile + 1 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 65) = &
-                  & merge(scale * qk_1_1, neg_inf, 8*i_tile + 1 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 66) = &
-                  & merge(scale * qk_1_2, neg_inf, 8*i_tile + 1 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 67) = &
-                  & merge(scale * qk_1_3, neg_inf, 8*i_tile + 1 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 68) = &
-                  & merge(scale * qk_1_4, neg_inf, 8*i_tile + 1 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 69) = &
-                  & merge(scale * qk_1_5, neg_inf, 8*i_tile + 1 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 70) = &
-                  & merge(scale * qk_1_6, neg_inf, 8*i_tile + 1 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 71) = &
-                  & merge(scale * qk_1_7, neg_inf, 8*i_tile + 1 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 72) = &
-                  & merge(scale * qk_1_8, neg_inf, 8*i_tile + 1 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 73) = &
-                  & merge(scale * qk_1_9, neg_inf, 8*i_tile + 1 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 74) = &
-                  & merge(scale * qk_1_10, neg_inf, 8*i_tile + 1 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 75) = &
-                  & merge(scale * qk_1_11, neg_inf, 8*i_tile + 1 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 76) = &
-                  & merge(scale * qk_1_12, neg_inf, 8*i_tile + 1 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 77) = &
-                  & merge(scale * qk_1_13, neg_inf, 8*i_tile + 1 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 78) = &
-                  & merge(scale * qk_1_14, neg_inf, 8*i_tile + 1 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 79) = &
-                  & merge(scale * qk_1_15, neg_inf, 8*i_tile + 1 >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 128) = &
-                  & merge(scale * qk_2_0, neg_inf, 8*i_tile + 2 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 129) = &
-                  & merge(scale * qk_2_1, neg_inf, 8*i_tile + 2 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 130) = &
-                  & merge(scale * qk_2_2, neg_inf, 8*i_tile + 2 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 131) = &
-                  & merge(scale * qk_2_3, neg_inf, 8*i_tile + 2 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 132) = &
-                  & merge(scale * qk_2_4, neg_inf, 8*i_tile + 2 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 133) = &
-                  & merge(scale * qk_2_5, neg_inf, 8*i_tile + 2 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 134) = &
-                  & merge(scale * qk_2_6, neg_inf, 8*i_tile + 2 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 135) = &
-                  & merge(scale * qk_2_7, neg_inf, 8*i_tile + 2 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 136) = &
-                  & merge(scale * qk_2_8, neg_inf, 8*i_tile + 2 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 137) = &
-                  & merge(scale * qk_2_9, neg_inf, 8*i_tile + 2 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 138) = &
-                  & merge(scale * qk_2_10, neg_inf, 8*i_tile + 2 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 139) = &
-                  & merge(scale * qk_2_11, neg_inf, 8*i_tile + 2 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 140) = &
-                  & merge(scale * qk_2_12, neg_inf, 8*i_tile + 2 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 141) = &
-                  & merge(scale * qk_2_13, neg_inf, 8*i_tile + 2 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 142) = &
-                  & merge(scale * qk_2_14, neg_inf, 8*i_tile + 2 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 143) = &
-                  & merge(scale * qk_2_15, neg_inf, 8*i_tile + 2 >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 192) = &
-                  & merge(scale * qk_3_0, neg_inf, 8*i_tile + 3 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 193) = &
-                  & merge(scale * qk_3_1, neg_inf, 8*i_tile + 3 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 194) = &
-                  & merge(scale * qk_3_2, neg_inf, 8*i_tile + 3 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 195) = &
-                  & merge(scale * qk_3_3, neg_inf, 8*i_tile + 3 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 196) = &
-                  & merge(scale * qk_3_4, neg_inf, 8*i_tile + 3 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 197) = &
-                  & merge(scale * qk_3_5, neg_inf, 8*i_tile + 3 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 198) = &
-                  & merge(scale * qk_3_6, neg_inf, 8*i_tile + 3 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 199) = &
-                  & merge(scale * qk_3_7, neg_inf, 8*i_tile + 3 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 200) = &
-                  & merge(scale * qk_3_8, neg_inf, 8*i_tile + 3 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 201) = &
-                  & merge(scale * qk_3_9, neg_inf, 8*i_tile + 3 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 202) = &
-                  & merge(scale * qk_3_10, neg_inf, 8*i_tile + 3 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 203) = &
-                  & merge(scale * qk_3_11, neg_inf, 8*i_tile + 3 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 204) = &
-                  & merge(scale * qk_3_12, neg_inf, 8*i_tile + 3 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 205) = &
-                  & merge(scale * qk_3_13, neg_inf, 8*i_tile + 3 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 206) = &
-                  & merge(scale * qk_3_14, neg_inf, 8*i_tile + 3 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 207) = &
-                  & merge(scale * qk_3_15, neg_inf, 8*i_tile + 3 >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 256) = &
-                  & merge(scale * qk_4_0, neg_inf, 8*i_tile + 4 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 257) = &
-                  & merge(scale * qk_4_1, neg_inf, 8*i_tile + 4 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 258) = &
-                  & merge(scale * qk_4_2, neg_inf, 8*i_tile + 4 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 259) = &
-                  & merge(scale * qk_4_3, neg_inf, 8*i_tile + 4 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 260) = &
-                  & merge(scale * qk_4_4, neg_inf, 8*i_tile + 4 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 261) = &
-                  & merge(scale * qk_4_5, neg_inf, 8*i_tile + 4 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 262) = &
-                  & merge(scale * qk_4_6, neg_inf, 8*i_tile + 4 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 263) = &
-                  & merge(scale * qk_4_7, neg_inf, 8*i_tile + 4 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 264) = &
-                  & merge(scale * qk_4_8, neg_inf, 8*i_tile + 4 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 265) = &
-                  & merge(scale * qk_4_9, neg_inf, 8*i_tile + 4 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 266) = &
-                  & merge(scale * qk_4_10, neg_inf, 8*i_tile + 4 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 267) = &
-                  & merge(scale * qk_4_11, neg_inf, 8*i_tile + 4 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 268) = &
-                  & merge(scale * qk_4_12, neg_inf, 8*i_tile + 4 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 269) = &
-                  & merge(scale * qk_4_13, neg_inf, 8*i_tile + 4 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 270) = &
-                  & merge(scale * qk_4_14, neg_inf, 8*i_tile + 4 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 271) = &
-                  & merge(scale * qk_4_15, neg_inf, 8*i_tile + 4 >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 320) = &
-                  & merge(scale * qk_5_0, neg_inf, 8*i_tile + 5 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 321) = &
-                  & merge(scale * qk_5_1, neg_inf, 8*i_tile + 5 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 322) = &
-                  & merge(scale * qk_5_2, neg_inf, 8*i_tile + 5 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 323) = &
-                  & merge(scale * qk_5_3, neg_inf, 8*i_tile + 5 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 324) = &
-                  & merge(scale * qk_5_4, neg_inf, 8*i_tile + 5 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 325) = &
-                  & merge(scale * qk_5_5, neg_inf, 8*i_tile + 5 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 326) = &
-                  & merge(scale * qk_5_6, neg_inf, 8*i_tile + 5 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 327) = &
-                  & merge(scale * qk_5_7, neg_inf, 8*i_tile + 5 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 328) = &
-                  & merge(scale * qk_5_8, neg_inf, 8*i_tile + 5 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 329) = &
-                  & merge(scale * qk_5_9, neg_inf, 8*i_tile + 5 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 330) = &
-                  & merge(scale * qk_5_10, neg_inf, 8*i_tile + 5 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 331) = &
-                  & merge(scale * qk_5_11, neg_inf, 8*i_tile + 5 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 332) = &
-                  & merge(scale * qk_5_12, neg_inf, 8*i_tile + 5 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 333) = &
-                  & merge(scale * qk_5_13, neg_inf, 8*i_tile + 5 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 334) = &
-                  & merge(scale * qk_5_14, neg_inf, 8*i_tile + 5 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 335) = &
-                  & merge(scale * qk_5_15, neg_inf, 8*i_tile + 5 >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 384) = &
-                  & merge(scale * qk_6_0, neg_inf, 8*i_tile + 6 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 385) = &
-                  & merge(scale * qk_6_1, neg_inf, 8*i_tile + 6 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 386) = &
-                  & merge(scale * qk_6_2, neg_inf, 8*i_tile + 6 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 387) = &
-                  & merge(scale * qk_6_3, neg_inf, 8*i_tile + 6 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 388) = &
-                  & merge(scale * qk_6_4, neg_inf, 8*i_tile + 6 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 389) = &
-                  & merge(scale * qk_6_5, neg_inf, 8*i_tile + 6 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 390) = &
-                  & merge(scale * qk_6_6, neg_inf, 8*i_tile + 6 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 391) = &
-                  & merge(scale * qk_6_7, neg_inf, 8*i_tile + 6 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 392) = &
-                  & merge(scale * qk_6_8, neg_inf, 8*i_tile + 6 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 393) = &
-                  & merge(scale * qk_6_9, neg_inf, 8*i_tile + 6 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 394) = &
-                  & merge(scale * qk_6_10, neg_inf, 8*i_tile + 6 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 395) = &
-                  & merge(scale * qk_6_11, neg_inf, 8*i_tile + 6 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 396) = &
-                  & merge(scale * qk_6_12, neg_inf, 8*i_tile + 6 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 397) = &
-                  & merge(scale * qk_6_13, neg_inf, 8*i_tile + 6 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 398) = &
-                  & merge(scale * qk_6_14, neg_inf, 8*i_tile + 6 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 399) = &
-                  & merge(scale * qk_6_15, neg_inf, 8*i_tile + 6 >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 448) = &
-                  & merge(scale * qk_7_0, neg_inf, 8*i_tile + 7 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 449) = &
-                  & merge(scale * qk_7_1, neg_inf, 8*i_tile + 7 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 450) = &
-                  & merge(scale * qk_7_2, neg_inf, 8*i_tile + 7 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 451) = &
-                  & merge(scale * qk_7_3, neg_inf, 8*i_tile + 7 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 452) = &
-                  & merge(scale * qk_7_4, neg_inf, 8*i_tile + 7 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 453) = &
-                  & merge(scale * qk_7_5, neg_inf, 8*i_tile + 7 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 454) = &
-                  & merge(scale * qk_7_6, neg_inf, 8*i_tile + 7 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 455) = &
-                  & merge(scale * qk_7_7, neg_inf, 8*i_tile + 7 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 456) = &
-                  & merge(scale * qk_7_8, neg_inf, 8*i_tile + 7 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 457) = &
-                  & merge(scale * qk_7_9, neg_inf, 8*i_tile + 7 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 458) = &
-                  & merge(scale * qk_7_10, neg_inf, 8*i_tile + 7 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 459) = &
-                  & merge(scale * qk_7_11, neg_inf, 8*i_tile + 7 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 460) = &
-                  & merge(scale * qk_7_12, neg_inf, 8*i_tile + 7 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 461) = &
-                  & merge(scale * qk_7_13, neg_inf, 8*i_tile + 7 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 462) = &
-                  & merge(scale * qk_7_14, neg_inf, 8*i_tile + 7 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 463) = &
-                  & merge(scale * qk_7_15, neg_inf, 8*i_tile + 7 >= 16*j_tile + 15)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h)) = merge(scale * &
+                  & qk_0_0, neg_inf, 8*i_tile >= 32*j_tile)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 1) = &
+                  & merge(scale * qk_0_1, neg_inf, 8*i_tile >= 32*j_tile + 1)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 2) = &
+                  & merge(scale * qk_0_2, neg_inf, 8*i_tile >= 32*j_tile + 2)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 3) = &
+                  & merge(scale * qk_0_3, neg_inf, 8*i_tile >= 32*j_tile + 3)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 4) = &
+                  & merge(scale * qk_0_4, neg_inf, 8*i_tile >= 32*j_tile + 4)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 5) = &
+                  & merge(scale * qk_0_5, neg_inf, 8*i_tile >= 32*j_tile + 5)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 6) = &
+                  & merge(scale * qk_0_6, neg_inf, 8*i_tile >= 32*j_tile + 6)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 7) = &
+                  & merge(scale * qk_0_7, neg_inf, 8*i_tile >= 32*j_tile + 7)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 8) = &
+                  & merge(scale * qk_0_8, neg_inf, 8*i_tile >= 32*j_tile + 8)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 9) = &
+                  & merge(scale * qk_0_9, neg_inf, 8*i_tile >= 32*j_tile + 9)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 10) = &
+                  & merge(scale * qk_0_10, neg_inf, 8*i_tile >= 32*j_tile + 10)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 11) = &
+                  & merge(scale * qk_0_11, neg_inf, 8*i_tile >= 32*j_tile + 11)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 12) = &
+                  & merge(scale * qk_0_12, neg_inf, 8*i_tile >= 32*j_tile + 12)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 13) = &
+                  & merge(scale * qk_0_13, neg_inf, 8*i_tile >= 32*j_tile + 13)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 14) = &
+                  & merge(scale * qk_0_14, neg_inf, 8*i_tile >= 32*j_tile + 14)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 15) = &
+                  & merge(scale * qk_0_15, neg_inf, 8*i_tile >= 32*j_tile + 15)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 16) = &
+                  & merge(scale * qk_0_16, neg_inf, 8*i_tile >= 32*j_tile + 16)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 17) = &
+                  & merge(scale * qk_0_17, neg_inf, 8*i_tile >= 32*j_tile + 17)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 18) = &
+                  & merge(scale * qk_0_18, neg_inf, 8*i_tile >= 32*j_tile + 18)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 19) = &
+                  & merge(scale * qk_0_19, neg_inf, 8*i_tile >= 32*j_tile + 19)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 20) = &
+                  & merge(scale * qk_0_20, neg_inf, 8*i_tile >= 32*j_tile + 20)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 21) = &
+                  & merge(scale * qk_0_21, neg_inf, 8*i_tile >= 32*j_tile + 21)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 22) = &
+                  & merge(scale * qk_0_22, neg_inf, 8*i_tile >= 32*j_tile + 22)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 23) = &
+                  & merge(scale * qk_0_23, neg_inf, 8*i_tile >= 32*j_tile + 23)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 24) = &
+                  & merge(scale * qk_0_24, neg_inf, 8*i_tile >= 32*j_tile + 24)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 25) = &
+                  & merge(scale * qk_0_25, neg_inf, 8*i_tile >= 32*j_tile + 25)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 26) = &
+                  & merge(scale * qk_0_26, neg_inf, 8*i_tile >= 32*j_tile + 26)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 27) = &
+                  & merge(scale * qk_0_27, neg_inf, 8*i_tile >= 32*j_tile + 27)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 28) = &
+                  & merge(scale * qk_0_28, neg_inf, 8*i_tile >= 32*j_tile + 28)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 29) = &
+                  & merge(scale * qk_0_29, neg_inf, 8*i_tile >= 32*j_tile + 29)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 30) = &
+                  & merge(scale * qk_0_30, neg_inf, 8*i_tile >= 32*j_tile + 30)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 31) = &
+                  & merge(scale * qk_0_31, neg_inf, 8*i_tile >= 32*j_tile + 31)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 64) = &
+                  & merge(scale * qk_1_0, neg_inf, 8*i_tile + 1 >= 32*j_tile)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 65) = &
+                  & merge(scale * qk_1_1, neg_inf, 8*i_tile + 1 >= 32*j_tile + 1)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 66) = &
+                  & merge(scale * qk_1_2, neg_inf, 8*i_tile + 1 >= 32*j_tile + 2)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 67) = &
+                  & merge(scale * qk_1_3, neg_inf, 8*i_tile + 1 >= 32*j_tile + 3)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 68) = &
+                  & merge(scale * qk_1_4, neg_inf, 8*i_tile + 1 >= 32*j_tile + 4)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 69) = &
+                  & merge(scale * qk_1_5, neg_inf, 8*i_tile + 1 >= 32*j_tile + 5)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 70) = &
+                  & merge(scale * qk_1_6, neg_inf, 8*i_tile + 1 >= 32*j_tile + 6)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 71) = &
+                  & merge(scale * qk_1_7, neg_inf, 8*i_tile + 1 >= 32*j_tile + 7)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 72) = &
+                  & merge(scale * qk_1_8, neg_inf, 8*i_tile + 1 >= 32*j_tile + 8)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 73) = &
+                  & merge(scale * qk_1_9, neg_inf, 8*i_tile + 1 >= 32*j_tile + 9)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 74) = &
+                  & merge(scale * qk_1_10, neg_inf, 8*i_tile + 1 >= 32*j_tile + 10)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 75) = &
+                  & merge(scale * qk_1_11, neg_inf, 8*i_tile + 1 >= 32*j_tile + 11)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 76) = &
+                  & merge(scale * qk_1_12, neg_inf, 8*i_tile + 1 >= 32*j_tile + 12)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 77) = &
+                  & merge(scale * qk_1_13, neg_inf, 8*i_tile + 1 >= 32*j_tile + 13)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 78) = &
+                  & merge(scale * qk_1_14, neg_inf, 8*i_tile + 1 >= 32*j_tile + 14)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 79) = &
+                  & merge(scale * qk_1_15, neg_inf, 8*i_tile + 1 >= 32*j_tile + 15)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 80) = &
+                  & merge(scale * qk_1_16, neg_inf, 8*i_tile + 1 >= 32*j_tile + 16)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 81) = &
+                  & merge(scale * qk_1_17, neg_inf, 8*i_tile + 1 >= 32*j_tile + 17)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 82) = &
+                  & merge(scale * qk_1_18, neg_inf, 8*i_tile + 1 >= 32*j_tile + 18)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 83) = &
+                  & merge(scale * qk_1_19, neg_inf, 8*i_tile + 1 >= 32*j_tile + 19)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 84) = &
+                  & merge(scale * qk_1_20, neg_inf, 8*i_tile + 1 >= 32*j_tile + 20)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 85) = &
+                  & merge(scale * qk_1_21, neg_inf, 8*i_tile + 1 >= 32*j_tile + 21)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 86) = &
+                  & merge(scale * qk_1_22, neg_inf, 8*i_tile + 1 >= 32*j_tile + 22)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 87) = &
+                  & merge(scale * qk_1_23, neg_inf, 8*i_tile + 1 >= 32*j_tile + 23)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 88) = &
+                  & merge(scale * qk_1_24, neg_inf, 8*i_tile + 1 >= 32*j_tile + 24)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 89) = &
+                  & merge(scale * qk_1_25, neg_inf, 8*i_tile + 1 >= 32*j_tile + 25)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 90) = &
+                  & merge(scale * qk_1_26, neg_inf, 8*i_tile + 1 >= 32*j_tile + 26)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 91) = &
+                  & merge(scale * qk_1_27, neg_inf, 8*i_tile + 1 >= 32*j_tile + 27)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 92) = &
+                  & merge(scale * qk_1_28, neg_inf, 8*i_tile + 1 >= 32*j_tile + 28)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 93) = &
+                  & merge(scale * qk_1_29, neg_inf, 8*i_tile + 1 >= 32*j_tile + 29)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 94) = &
+                  & merge(scale * qk_1_30, neg_inf, 8*i_tile + 1 >= 32*j_tile + 30)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 95) = &
+                  & merge(scale * qk_1_31, neg_inf, 8*i_tile + 1 >= 32*j_tile + 31)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 128) = &
+                  & merge(scale * qk_2_0, neg_inf, 8*i_tile + 2 >= 32*j_tile)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 129) = &
+                  & merge(scale * qk_2_1, neg_inf, 8*i_tile + 2 >= 32*j_tile + 1)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 130) = &
+                  & merge(scale * qk_2_2, neg_inf, 8*i_tile + 2 >= 32*j_tile + 2)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 131) = &
+                  & merge(scale * qk_2_3, neg_inf, 8*i_tile + 2 >= 32*j_tile + 3)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 132) = &
+                  & merge(scale * qk_2_4, neg_inf, 8*i_tile + 2 >= 32*j_tile + 4)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 133) = &
+                  & merge(scale * qk_2_5, neg_inf, 8*i_tile + 2 >= 32*j_tile + 5)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 134) = &
+                  & merge(scale * qk_2_6, neg_inf, 8*i_tile + 2 >= 32*j_tile + 6)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 135) = &
+                  & merge(scale * qk_2_7, neg_inf, 8*i_tile + 2 >= 32*j_tile + 7)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 136) = &
+                  & merge(scale * qk_2_8, neg_inf, 8*i_tile + 2 >= 32*j_tile + 8)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 137) = &
+                  & merge(scale * qk_2_9, neg_inf, 8*i_tile + 2 >= 32*j_tile + 9)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 138) = &
+                  & merge(scale * qk_2_10, neg_inf, 8*i_tile + 2 >= 32*j_tile + 10)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 139) = &
+                  & merge(scale * qk_2_11, neg_inf, 8*i_tile + 2 >= 32*j_tile + 11)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 140) = &
+                  & merge(scale * qk_2_12, neg_inf, 8*i_tile + 2 >= 32*j_tile + 12)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 141) = &
+                  & merge(scale * qk_2_13, neg_inf, 8*i_tile + 2 >= 32*j_tile + 13)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 142) = &
+                  & merge(scale * qk_2_14, neg_inf, 8*i_tile + 2 >= 32*j_tile + 14)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 143) = &
+                  & merge(scale * qk_2_15, neg_inf, 8*i_tile + 2 >= 32*j_tile + 15)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 144) = &
+                  & merge(scale * qk_2_16, neg_inf, 8*i_tile + 2 >= 32*j_tile + 16)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 145) = &
+                  & merge(scale * qk_2_17, neg_inf, 8*i_tile + 2 >= 32*j_tile + 17)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 146) = &
+                  & merge(scale * qk_2_18, neg_inf, 8*i_tile + 2 >= 32*j_tile + 18)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 147) = &
+                  & merge(scale * qk_2_19, neg_inf, 8*i_tile + 2 >= 32*j_tile + 19)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 148) = &
+                  & merge(scale * qk_2_20, neg_inf, 8*i_tile + 2 >= 32*j_tile + 20)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 149) = &
+                  & merge(scale * qk_2_21, neg_inf, 8*i_tile + 2 >= 32*j_tile + 21)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 150) = &
+                  & merge(scale * qk_2_22, neg_inf, 8*i_tile + 2 >= 32*j_tile + 22)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 151) = &
+                  & merge(scale * qk_2_23, neg_inf, 8*i_tile + 2 >= 32*j_tile + 23)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 152) = &
+                  & merge(scale * qk_2_24, neg_inf, 8*i_tile + 2 >= 32*j_tile + 24)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 153) = &
+                  & merge(scale * qk_2_25, neg_inf, 8*i_tile + 2 >= 32*j_tile + 25)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 154) = &
+                  & merge(scale * qk_2_26, neg_inf, 8*i_tile + 2 >= 32*j_tile + 26)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 155) = &
+                  & merge(scale * qk_2_27, neg_inf, 8*i_tile + 2 >= 32*j_tile + 27)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 156) = &
+                  & merge(scale * qk_2_28, neg_inf, 8*i_tile + 2 >= 32*j_tile + 28)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 157) = &
+                  & merge(scale * qk_2_29, neg_inf, 8*i_tile + 2 >= 32*j_tile + 29)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 158) = &
+                  & merge(scale * qk_2_30, neg_inf, 8*i_tile + 2 >= 32*j_tile + 30)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 159) = &
+                  & merge(scale * qk_2_31, neg_inf, 8*i_tile + 2 >= 32*j_tile + 31)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 192) = &
+                  & merge(scale * qk_3_0, neg_inf, 8*i_tile + 3 >= 32*j_tile)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 193) = &
+                  & merge(scale * qk_3_1, neg_inf, 8*i_tile + 3 >= 32*j_tile + 1)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 194) = &
+                  & merge(scale * qk_3_2, neg_inf, 8*i_tile + 3 >= 32*j_tile + 2)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 195) = &
+                  & merge(scale * qk_3_3, neg_inf, 8*i_tile + 3 >= 32*j_tile + 3)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 196) = &
+                  & merge(scale * qk_3_4, neg_inf, 8*i_tile + 3 >= 32*j_tile + 4)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 197) = &
+                  & merge(scale * qk_3_5, neg_inf, 8*i_tile + 3 >= 32*j_tile + 5)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 198) = &
+                  & merge(scale * qk_3_6, neg_inf, 8*i_tile + 3 >= 32*j_tile + 6)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 199) = &
+                  & merge(scale * qk_3_7, neg_inf, 8*i_tile + 3 >= 32*j_tile + 7)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 200) = &
+                  & merge(scale * qk_3_8, neg_inf, 8*i_tile + 3 >= 32*j_tile + 8)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 201) = &
+                  & merge(scale * qk_3_9, neg_inf, 8*i_tile + 3 >= 32*j_tile + 9)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 202) = &
+                  & merge(scale * qk_3_10, neg_inf, 8*i_tile + 3 >= 32*j_tile + 10)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 203) = &
+                  & merge(scale * qk_3_11, neg_inf, 8*i_tile + 3 >= 32*j_tile + 11)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 204) = &
+                  & merge(scale * qk_3_12, neg_inf, 8*i_tile + 3 >= 32*j_tile + 12)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 205) = &
+                  & merge(scale * qk_3_13, neg_inf, 8*i_tile + 3 >= 32*j_tile + 13)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 206) = &
+                  & merge(scale * qk_3_14, neg_inf, 8*i_tile + 3 >= 32*j_tile + 14)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 207) = &
+                  & merge(scale * qk_3_15, neg_inf, 8*i_tile + 3 >= 32*j_tile + 15)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 208) = &
+                  & merge(scale * qk_3_16, neg_inf, 8*i_tile + 3 >= 32*j_tile + 16)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 209) = &
+                  & merge(scale * qk_3_17, neg_inf, 8*i_tile + 3 >= 32*j_tile + 17)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 210) = &
+                  & merge(scale * qk_3_18, neg_inf, 8*i_tile + 3 >= 32*j_tile + 18)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 211) = &
+                  & merge(scale * qk_3_19, neg_inf, 8*i_tile + 3 >= 32*j_tile + 19)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 212) = &
+                  & merge(scale * qk_3_20, neg_inf, 8*i_tile + 3 >= 32*j_tile + 20)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 213) = &
+                  & merge(scale * qk_3_21, neg_inf, 8*i_tile + 3 >= 32*j_tile + 21)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 214) = &
+                  & merge(scale * qk_3_22, neg_inf, 8*i_tile + 3 >= 32*j_tile + 22)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 215) = &
+                  & merge(scale * qk_3_23, neg_inf, 8*i_tile + 3 >= 32*j_tile + 23)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 216) = &
+                  & merge(scale * qk_3_24, neg_inf, 8*i_tile + 3 >= 32*j_tile + 24)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 217) = &
+                  & merge(scale * qk_3_25, neg_inf, 8*i_tile + 3 >= 32*j_tile + 25)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 218) = &
+                  & merge(scale * qk_3_26, neg_inf, 8*i_tile + 3 >= 32*j_tile + 26)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 219) = &
+                  & merge(scale * qk_3_27, neg_inf, 8*i_tile + 3 >= 32*j_tile + 27)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 220) = &
+                  & merge(scale * qk_3_28, neg_inf, 8*i_tile + 3 >= 32*j_tile + 28)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 221) = &
+                  & merge(scale * qk_3_29, neg_inf, 8*i_tile + 3 >= 32*j_tile + 29)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 222) = &
+                  & merge(scale * qk_3_30, neg_inf, 8*i_tile + 3 >= 32*j_tile + 30)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 223) = &
+                  & merge(scale * qk_3_31, neg_inf, 8*i_tile + 3 >= 32*j_tile + 31)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 256) = &
+                  & merge(scale * qk_4_0, neg_inf, 8*i_tile + 4 >= 32*j_tile)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 257) = &
+                  & merge(scale * qk_4_1, neg_inf, 8*i_tile + 4 >= 32*j_tile + 1)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 258) = &
+                  & merge(scale * qk_4_2, neg_inf, 8*i_tile + 4 >= 32*j_tile + 2)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 259) = &
+                  & merge(scale * qk_4_3, neg_inf, 8*i_tile + 4 >= 32*j_tile + 3)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 260) = &
+                  & merge(scale * qk_4_4, neg_inf, 8*i_tile + 4 >= 32*j_tile + 4)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 261) = &
+                  & merge(scale * qk_4_5, neg_inf, 8*i_tile + 4 >= 32*j_tile + 5)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 262) = &
+                  & merge(scale * qk_4_6, neg_inf, 8*i_tile + 4 >= 32*j_tile + 6)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 263) = &
+                  & merge(scale * qk_4_7, neg_inf, 8*i_tile + 4 >= 32*j_tile + 7)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 264) = &
+                  & merge(scale * qk_4_8, neg_inf, 8*i_tile + 4 >= 32*j_tile + 8)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 265) = &
+                  & merge(scale * qk_4_9, neg_inf, 8*i_tile + 4 >= 32*j_tile + 9)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 266) = &
+                  & merge(scale * qk_4_10, neg_inf, 8*i_tile + 4 >= 32*j_tile + 10)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 267) = &
+                  & merge(scale * qk_4_11, neg_inf, 8*i_tile + 4 >= 32*j_tile + 11)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 268) = &
+                  & merge(scale * qk_4_12, neg_inf, 8*i_tile + 4 >= 32*j_tile + 12)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 269) = &
+                  & merge(scale * qk_4_13, neg_inf, 8*i_tile + 4 >= 32*j_tile + 13)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 270) = &
+                  & merge(scale * qk_4_14, neg_inf, 8*i_tile + 4 >= 32*j_tile + 14)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 271) = &
+                  & merge(scale * qk_4_15, neg_inf, 8*i_tile + 4 >= 32*j_tile + 15)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 272) = &
+                  & merge(scale * qk_4_16, neg_inf, 8*i_tile + 4 >= 32*j_tile + 16)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 273) = &
+                  & merge(scale * qk_4_17, neg_inf, 8*i_tile + 4 >= 32*j_tile + 17)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 274) = &
+                  & merge(scale * qk_4_18, neg_inf, 8*i_tile + 4 >= 32*j_tile + 18)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 275) = &
+                  & merge(scale * qk_4_19, neg_inf, 8*i_tile + 4 >= 32*j_tile + 19)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 276) = &
+                  & merge(scale * qk_4_20, neg_inf, 8*i_tile + 4 >= 32*j_tile + 20)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 277) = &
+                  & merge(scale * qk_4_21, neg_inf, 8*i_tile + 4 >= 32*j_tile + 21)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 278) = &
+                  & merge(scale * qk_4_22, neg_inf, 8*i_tile + 4 >= 32*j_tile + 22)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 279) = &
+                  & merge(scale * qk_4_23, neg_inf, 8*i_tile + 4 >= 32*j_tile + 23)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 280) = &
+                  & merge(scale * qk_4_24, neg_inf, 8*i_tile + 4 >= 32*j_tile + 24)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 281) = &
+                  & merge(scale * qk_4_25, neg_inf, 8*i_tile + 4 >= 32*j_tile + 25)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 282) = &
+                  & merge(scale * qk_4_26, neg_inf, 8*i_tile + 4 >= 32*j_tile + 26)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 283) = &
+                  & merge(scale * qk_4_27, neg_inf, 8*i_tile + 4 >= 32*j_tile + 27)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 284) = &
+                  & merge(scale * qk_4_28, neg_inf, 8*i_tile + 4 >= 32*j_tile + 28)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 285) = &
+                  & merge(scale * qk_4_29, neg_inf, 8*i_tile + 4 >= 32*j_tile + 29)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 286) = &
+                  & merge(scale * qk_4_30, neg_inf, 8*i_tile + 4 >= 32*j_tile + 30)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 287) = &
+                  & merge(scale * qk_4_31, neg_inf, 8*i_tile + 4 >= 32*j_tile + 31)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 320) = &
+                  & merge(scale * qk_5_0, neg_inf, 8*i_tile + 5 >= 32*j_tile)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 321) = &
+                  & merge(scale * qk_5_1, neg_inf, 8*i_tile + 5 >= 32*j_tile + 1)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 322) = &
+                  & merge(scale * qk_5_2, neg_inf, 8*i_tile + 5 >= 32*j_tile + 2)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 323) = &
+                  & merge(scale * qk_5_3, neg_inf, 8*i_tile + 5 >= 32*j_tile + 3)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 324) = &
+                  & merge(scale * qk_5_4, neg_inf, 8*i_tile + 5 >= 32*j_tile + 4)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 325) = &
+                  & merge(scale * qk_5_5, neg_inf, 8*i_tile + 5 >= 32*j_tile + 5)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 326) = &
+                  & merge(scale * qk_5_6, neg_inf, 8*i_tile + 5 >= 32*j_tile + 6)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 327) = &
+                  & merge(scale * qk_5_7, neg_inf, 8*i_tile + 5 >= 32*j_tile + 7)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 328) = &
+                  & merge(scale * qk_5_8, neg_inf, 8*i_tile + 5 >= 32*j_tile + 8)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 329) = &
+                  & merge(scale * qk_5_9, neg_inf, 8*i_tile + 5 >= 32*j_tile + 9)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 330) = &
+                  & merge(scale * qk_5_10, neg_inf, 8*i_tile + 5 >= 32*j_tile + 10)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 331) = &
+                  & merge(scale * qk_5_11, neg_inf, 8*i_tile + 5 >= 32*j_tile + 11)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 332) = &
+                  & merge(scale * qk_5_12, neg_inf, 8*i_tile + 5 >= 32*j_tile + 12)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 333) = &
+                  & merge(scale * qk_5_13, neg_inf, 8*i_tile + 5 >= 32*j_tile + 13)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 334) = &
+                  & merge(scale * qk_5_14, neg_inf, 8*i_tile + 5 >= 32*j_tile + 14)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 335) = &
+                  & merge(scale * qk_5_15, neg_inf, 8*i_tile + 5 >= 32*j_tile + 15)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 336) = &
+                  & merge(scale * qk_5_16, neg_inf, 8*i_tile + 5 >= 32*j_tile + 16)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 337) = &
+                  & merge(scale * qk_5_17, neg_inf, 8*i_tile + 5 >= 32*j_tile + 17)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 338) = &
+                  & merge(scale * qk_5_18, neg_inf, 8*i_tile + 5 >= 32*j_tile + 18)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 339) = &
+                  & merge(scale * qk_5_19, neg_inf, 8*i_tile + 5 >= 32*j_tile + 19)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 340) = &
+                  & merge(scale * qk_5_20, neg_inf, 8*i_tile + 5 >= 32*j_tile + 20)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 341) = &
+                  & merge(scale * qk_5_21, neg_inf, 8*i_tile + 5 >= 32*j_tile + 21)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 342) = &
+                  & merge(scale * qk_5_22, neg_inf, 8*i_tile + 5 >= 32*j_tile + 22)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 343) = &
+                  & merge(scale * qk_5_23, neg_inf, 8*i_tile + 5 >= 32*j_tile + 23)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 344) = &
+                  & merge(scale * qk_5_24, neg_inf, 8*i_tile + 5 >= 32*j_tile + 24)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 345) = &
+                  & merge(scale * qk_5_25, neg_inf, 8*i_tile + 5 >= 32*j_tile + 25)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 346) = &
+                  & merge(scale * qk_5_26, neg_inf, 8*i_tile + 5 >= 32*j_tile + 26)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 347) = &
+                  & merge(scale * qk_5_27, neg_inf, 8*i_tile + 5 >= 32*j_tile + 27)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 348) = &
+                  & merge(scale * qk_5_28, neg_inf, 8*i_tile + 5 >= 32*j_tile + 28)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 349) = &
+                  & merge(scale * qk_5_29, neg_inf, 8*i_tile + 5 >= 32*j_tile + 29)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 350) = &
+                  & merge(scale * qk_5_30, neg_inf, 8*i_tile + 5 >= 32*j_tile + 30)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 351) = &
+                  & merge(scale * qk_5_31, neg_inf, 8*i_tile + 5 >= 32*j_tile + 31)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 384) = &
+                  & merge(scale * qk_6_0, neg_inf, 8*i_tile + 6 >= 32*j_tile)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 385) = &
+                  & merge(scale * qk_6_1, neg_inf, 8*i_tile + 6 >= 32*j_tile + 1)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 386) = &
+                  & merge(scale * qk_6_2, neg_inf, 8*i_tile + 6 >= 32*j_tile + 2)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 387) = &
+                  & merge(scale * qk_6_3, neg_inf, 8*i_tile + 6 >= 32*j_tile + 3)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 388) = &
+                  & merge(scale * qk_6_4, neg_inf, 8*i_tile + 6 >= 32*j_tile + 4)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 389) = &
+                  & merge(scale * qk_6_5, neg_inf, 8*i_tile + 6 >= 32*j_tile + 5)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 390) = &
+                  & merge(scale * qk_6_6, neg_inf, 8*i_tile + 6 >= 32*j_tile + 6)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 391) = &
+                  & merge(scale * qk_6_7, neg_inf, 8*i_tile + 6 >= 32*j_tile + 7)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 392) = &
+                  & merge(scale * qk_6_8, neg_inf, 8*i_tile + 6 >= 32*j_tile + 8)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 393) = &
+                  & merge(scale * qk_6_9, neg_inf, 8*i_tile + 6 >= 32*j_tile + 9)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 394) = &
+                  & merge(scale * qk_6_10, neg_inf, 8*i_tile + 6 >= 32*j_tile + 10)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 395) = &
+                  & merge(scale * qk_6_11, neg_inf, 8*i_tile + 6 >= 32*j_tile + 11)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 396) = &
+                  & merge(scale * qk_6_12, neg_inf, 8*i_tile + 6 >= 32*j_tile + 12)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 397) = &
+                  & merge(scale * qk_6_13, neg_inf, 8*i_tile + 6 >= 32*j_tile + 13)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 398) = &
+                  & merge(scale * qk_6_14, neg_inf, 8*i_tile + 6 >= 32*j_tile + 14)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 399) = &
+                  & merge(scale * qk_6_15, neg_inf, 8*i_tile + 6 >= 32*j_tile + 15)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 400) = &
+                  & merge(scale * qk_6_16, neg_inf, 8*i_tile + 6 >= 32*j_tile + 16)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 401) = &
+                  & merge(scale * qk_6_17, neg_inf, 8*i_tile + 6 >= 32*j_tile + 17)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 402) = &
+                  & merge(scale * qk_6_18, neg_inf, 8*i_tile + 6 >= 32*j_tile + 18)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 403) = &
+                  & merge(scale * qk_6_19, neg_inf, 8*i_tile + 6 >= 32*j_tile + 19)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 404) = &
+                  & merge(scale * qk_6_20, neg_inf, 8*i_tile + 6 >= 32*j_tile + 20)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 405) = &
+                  & merge(scale * qk_6_21, neg_inf, 8*i_tile + 6 >= 32*j_tile + 21)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 406) = &
+                  & merge(scale * qk_6_22, neg_inf, 8*i_tile + 6 >= 32*j_tile + 22)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 407) = &
+                  & merge(scale * qk_6_23, neg_inf, 8*i_tile + 6 >= 32*j_tile + 23)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 408) = &
+                  & merge(scale * qk_6_24, neg_inf, 8*i_tile + 6 >= 32*j_tile + 24)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 409) = &
+                  & merge(scale * qk_6_25, neg_inf, 8*i_tile + 6 >= 32*j_tile + 25)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 410) = &
+                  & merge(scale * qk_6_26, neg_inf, 8*i_tile + 6 >= 32*j_tile + 26)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 411) = &
+                  & merge(scale * qk_6_27, neg_inf, 8*i_tile + 6 >= 32*j_tile + 27)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 412) = &
+                  & merge(scale * qk_6_28, neg_inf, 8*i_tile + 6 >= 32*j_tile + 28)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 413) = &
+                  & merge(scale * qk_6_29, neg_inf, 8*i_tile + 6 >= 32*j_tile + 29)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 414) = &
+                  & merge(scale * qk_6_30, neg_inf, 8*i_tile + 6 >= 32*j_tile + 30)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 415) = &
+                  & merge(scale * qk_6_31, neg_inf, 8*i_tile + 6 >= 32*j_tile + 31)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 448) = &
+                  & merge(scale * qk_7_0, neg_inf, 8*i_tile + 7 >= 32*j_tile)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 449) = &
+                  & merge(scale * qk_7_1, neg_inf, 8*i_tile + 7 >= 32*j_tile + 1)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 450) = &
+                  & merge(scale * qk_7_2, neg_inf, 8*i_tile + 7 >= 32*j_tile + 2)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 451) = &
+                  & merge(scale * qk_7_3, neg_inf, 8*i_tile + 7 >= 32*j_tile + 3)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 452) = &
+                  & merge(scale * qk_7_4, neg_inf, 8*i_tile + 7 >= 32*j_tile + 4)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 453) = &
+                  & merge(scale * qk_7_5, neg_inf, 8*i_tile + 7 >= 32*j_tile + 5)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 454) = &
+                  & merge(scale * qk_7_6, neg_inf, 8*i_tile + 7 >= 32*j_tile + 6)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 455) = &
+                  & merge(scale * qk_7_7, neg_inf, 8*i_tile + 7 >= 32*j_tile + 7)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 456) = &
+                  & merge(scale * qk_7_8, neg_inf, 8*i_tile + 7 >= 32*j_tile + 8)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 457) = &
+                  & merge(scale * qk_7_9, neg_inf, 8*i_tile + 7 >= 32*j_tile + 9)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 458) = &
+                  & merge(scale * qk_7_10, neg_inf, 8*i_tile + 7 >= 32*j_tile + 10)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 459) = &
+                  & merge(scale * qk_7_11, neg_inf, 8*i_tile + 7 >= 32*j_tile + 11)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 460) = &
+                  & merge(scale * qk_7_12, neg_inf, 8*i_tile + 7 >= 32*j_tile + 12)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 461) = &
+                  & merge(scale * qk_7_13, neg_inf, 8*i_tile + 7 >= 32*j_tile + 13)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 462) = &
+                  & merge(scale * qk_7_14, neg_inf, 8*i_tile + 7 >= 32*j_tile + 14)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 463) = &
+                  & merge(scale * qk_7_15, neg_inf, 8*i_tile + 7 >= 32*j_tile + 15)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 464) = &
+                  & merge(scale * qk_7_16, neg_inf, 8*i_tile + 7 >= 32*j_tile + 16)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 465) = &
+                  & merge(scale * qk_7_17, neg_inf, 8*i_tile + 7 >= 32*j_tile + 17)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 466) = &
+                  & merge(scale * qk_7_18, neg_inf, 8*i_tile + 7 >= 32*j_tile + 18)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 467) = &
+                  & merge(scale * qk_7_19, neg_inf, 8*i_tile + 7 >= 32*j_tile + 19)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 468) = &
+                  & merge(scale * qk_7_20, neg_inf, 8*i_tile + 7 >= 32*j_tile + 20)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 469) = &
+                  & merge(scale * qk_7_21, neg_inf, 8*i_tile + 7 >= 32*j_tile + 21)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 470) = &
+                  & merge(scale * qk_7_22, neg_inf, 8*i_tile + 7 >= 32*j_tile + 22)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 471) = &
+                  & merge(scale * qk_7_23, neg_inf, 8*i_tile + 7 >= 32*j_tile + 23)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 472) = &
+                  & merge(scale * qk_7_24, neg_inf, 8*i_tile + 7 >= 32*j_tile + 24)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 473) = &
+                  & merge(scale * qk_7_25, neg_inf, 8*i_tile + 7 >= 32*j_tile + 25)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 474) = &
+                  & merge(scale * qk_7_26, neg_inf, 8*i_tile + 7 >= 32*j_tile + 26)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 475) = &
+                  & merge(scale * qk_7_27, neg_inf, 8*i_tile + 7 >= 32*j_tile + 27)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 476) = &
+                  & merge(scale * qk_7_28, neg_inf, 8*i_tile + 7 >= 32*j_tile + 28)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 477) = &
+                  & merge(scale * qk_7_29, neg_inf, 8*i_tile + 7 >= 32*j_tile + 29)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 478) = &
+                  & merge(scale * qk_7_30, neg_inf, 8*i_tile + 7 >= 32*j_tile + 30)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 479) = &
+                  & merge(scale * qk_7_31, neg_inf, 8*i_tile + 7 >= 32*j_tile + 31)
             end do
-            do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
+            do j = 32*((min(n, 64*j_blk + 64)) / 32), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
               qk_0 = 0.0_c_float
               qk_1 = 0.0_c_float
@@ -5145,522 +5840,1034 @@ contains
               attn(c + dh*(8*i_tile + n*(b*heads + h) + 7)) = attn(c + dh*(8*i_tile + n*(b*heads &
                   & + h) + 7)) * rescale_7
             end do
-            do c_tile = 0, ((dh) / 16) - 1
-              o_0 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)))
-              o_1 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 1)
-              o_2 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 2)
-              o_3 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 3)
-              o_4 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 4)
-              o_5 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 5)
-              o_6 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 6)
-              o_7 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 7)
-              o_8 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 8)
-              o_9 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 9)
-              o_10 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 10)
-              o_11 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 11)
-              o_12 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 12)
-              o_13 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 13)
-              o_14 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 14)
-              o_15 = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 15)
-              o_0b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1))
-              o_1b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 1)
-              o_2b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 2)
-              o_3b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 3)
-              o_4b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 4)
-              o_5b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 5)
-              o_6b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 6)
-              o_7b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 7)
-              o_8b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 8)
-              o_9b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 9)
-              o_10b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 10)
-              o_11b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 11)
-              o_12b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 12)
-              o_13b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 13)
-              o_14b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 14)
-              o_15b = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 15)
-              o_0c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2))
-              o_1c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 1)
-              o_2c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 2)
-              o_3c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 3)
-              o_4c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 4)
-              o_5c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 5)
-              o_6c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 6)
-              o_7c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 7)
-              o_8c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 8)
-              o_9c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 9)
-              o_10c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 10)
-              o_11c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 11)
-              o_12c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 12)
-              o_13c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 13)
-              o_14c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 14)
-              o_15c = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 15)
-              o_0d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3))
-              o_1d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 1)
-              o_2d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 2)
-              o_3d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 3)
-              o_4d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 4)
-              o_5d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 5)
-              o_6d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 6)
-              o_7d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 7)
-              o_8d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 8)
-              o_9d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 9)
-              o_10d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 10)
-              o_11d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 11)
-              o_12d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 12)
-              o_13d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 13)
-              o_14d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 14)
-              o_15d = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 15)
-              o_0e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4))
-              o_1e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 1)
-              o_2e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 2)
-              o_3e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 3)
-              o_4e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 4)
-              o_5e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 5)
-              o_6e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 6)
-              o_7e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 7)
-              o_8e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 8)
-              o_9e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 9)
-              o_10e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 10)
-              o_11e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 11)
-              o_12e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 12)
-              o_13e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 13)
-              o_14e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 14)
-              o_15e = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 15)
-              o_0f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5))
-              o_1f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 1)
-              o_2f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 2)
-              o_3f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 3)
-              o_4f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 4)
-              o_5f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 5)
-              o_6f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 6)
-              o_7f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 7)
-              o_8f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 8)
-              o_9f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 9)
-              o_10f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 10)
-              o_11f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 11)
-              o_12f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 12)
-              o_13f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 13)
-              o_14f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 14)
-              o_15f = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 15)
-              o_0g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6))
-              o_1g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 1)
-              o_2g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 2)
-              o_3g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 3)
-              o_4g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 4)
-              o_5g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 5)
-              o_6g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 6)
-              o_7g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 7)
-              o_8g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 8)
-              o_9g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 9)
-              o_10g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 10)
-              o_11g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 11)
-              o_12g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 12)
-              o_13g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 13)
-              o_14g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 14)
-              o_15g = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 15)
-              o_0h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7))
-              o_1h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 1)
-              o_2h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 2)
-              o_3h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 3)
-              o_4h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 4)
-              o_5h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 5)
-              o_6h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 6)
-              o_7h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 7)
-              o_8h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 8)
-              o_9h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 9)
-              o_10h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 10)
-              o_11h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 11)
-              o_12h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 12)
-              o_13h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 13)
-              o_14h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 14)
-              o_15h = attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 15)
+            do c_tile = 0, ((dh) / 32) - 1
+              o_0 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)))
+              o_1 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 1)
+              o_2 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 2)
+              o_3 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 3)
+              o_4 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 4)
+              o_5 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 5)
+              o_6 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 6)
+              o_7 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 7)
+              o_8 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 8)
+              o_9 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 9)
+              o_10 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 10)
+              o_11 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 11)
+              o_12 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 12)
+              o_13 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 13)
+              o_14 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 14)
+              o_15 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 15)
+              o_16 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 16)
+              o_17 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 17)
+              o_18 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 18)
+              o_19 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 19)
+              o_20 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 20)
+              o_21 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 21)
+              o_22 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 22)
+              o_23 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 23)
+              o_24 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 24)
+              o_25 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 25)
+              o_26 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 26)
+              o_27 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 27)
+              o_28 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 28)
+              o_29 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 29)
+              o_30 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 30)
+              o_31 = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 31)
+              o_0b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1))
+              o_1b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 1)
+              o_2b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 2)
+              o_3b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 3)
+              o_4b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 4)
+              o_5b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 5)
+              o_6b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 6)
+              o_7b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 7)
+              o_8b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 8)
+              o_9b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 9)
+              o_10b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 10)
+              o_11b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 11)
+              o_12b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 12)
+              o_13b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 13)
+              o_14b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 14)
+              o_15b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 15)
+              o_16b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 16)
+              o_17b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 17)
+              o_18b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 18)
+              o_19b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 19)
+              o_20b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 20)
+              o_21b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 21)
+              o_22b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 22)
+              o_23b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 23)
+              o_24b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 24)
+              o_25b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 25)
+              o_26b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 26)
+              o_27b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 27)
+              o_28b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 28)
+              o_29b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 29)
+              o_30b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 30)
+              o_31b = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 31)
+              o_0c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2))
+              o_1c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 1)
+              o_2c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 2)
+              o_3c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 3)
+              o_4c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 4)
+              o_5c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 5)
+              o_6c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 6)
+              o_7c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 7)
+              o_8c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 8)
+              o_9c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 9)
+              o_10c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 10)
+              o_11c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 11)
+              o_12c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 12)
+              o_13c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 13)
+              o_14c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 14)
+              o_15c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 15)
+              o_16c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 16)
+              o_17c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 17)
+              o_18c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 18)
+              o_19c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 19)
+              o_20c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 20)
+              o_21c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 21)
+              o_22c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 22)
+              o_23c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 23)
+              o_24c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 24)
+              o_25c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 25)
+              o_26c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 26)
+              o_27c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 27)
+              o_28c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 28)
+              o_29c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 29)
+              o_30c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 30)
+              o_31c = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 31)
+              o_0d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3))
+              o_1d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 1)
+              o_2d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 2)
+              o_3d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 3)
+              o_4d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 4)
+              o_5d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 5)
+              o_6d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 6)
+              o_7d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 7)
+              o_8d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 8)
+              o_9d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 9)
+              o_10d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 10)
+              o_11d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 11)
+              o_12d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 12)
+              o_13d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 13)
+              o_14d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 14)
+              o_15d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 15)
+              o_16d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 16)
+              o_17d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 17)
+              o_18d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 18)
+              o_19d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 19)
+              o_20d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 20)
+              o_21d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 21)
+              o_22d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 22)
+              o_23d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 23)
+              o_24d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 24)
+              o_25d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 25)
+              o_26d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 26)
+              o_27d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 27)
+              o_28d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 28)
+              o_29d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 29)
+              o_30d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 30)
+              o_31d = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 31)
+              o_0e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4))
+              o_1e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 1)
+              o_2e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 2)
+              o_3e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 3)
+              o_4e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 4)
+              o_5e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 5)
+              o_6e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 6)
+              o_7e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 7)
+              o_8e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 8)
+              o_9e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 9)
+              o_10e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 10)
+              o_11e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 11)
+              o_12e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 12)
+              o_13e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 13)
+              o_14e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 14)
+              o_15e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 15)
+              o_16e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 16)
+              o_17e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 17)
+              o_18e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 18)
+              o_19e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 19)
+              o_20e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 20)
+              o_21e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 21)
+              o_22e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 22)
+              o_23e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 23)
+              o_24e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 24)
+              o_25e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 25)
+              o_26e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 26)
+              o_27e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 27)
+              o_28e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 28)
+              o_29e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 29)
+              o_30e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 30)
+              o_31e = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 31)
+              o_0f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5))
+              o_1f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 1)
+              o_2f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 2)
+              o_3f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 3)
+              o_4f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 4)
+              o_5f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 5)
+              o_6f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 6)
+              o_7f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 7)
+              o_8f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 8)
+              o_9f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 9)
+              o_10f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 10)
+              o_11f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 11)
+              o_12f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 12)
+              o_13f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 13)
+              o_14f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 14)
+              o_15f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 15)
+              o_16f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 16)
+              o_17f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 17)
+              o_18f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 18)
+              o_19f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 19)
+              o_20f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 20)
+              o_21f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 21)
+              o_22f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 22)
+              o_23f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 23)
+              o_24f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 24)
+              o_25f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 25)
+              o_26f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 26)
+              o_27f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 27)
+              o_28f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 28)
+              o_29f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 29)
+              o_30f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 30)
+              o_31f = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 31)
+              o_0g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6))
+              o_1g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 1)
+              o_2g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 2)
+              o_3g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 3)
+              o_4g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 4)
+              o_5g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 5)
+              o_6g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 6)
+              o_7g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 7)
+              o_8g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 8)
+              o_9g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 9)
+              o_10g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 10)
+              o_11g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 11)
+              o_12g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 12)
+              o_13g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 13)
+              o_14g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 14)
+              o_15g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 15)
+              o_16g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 16)
+              o_17g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 17)
+              o_18g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 18)
+              o_19g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 19)
+              o_20g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 20)
+              o_21g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 21)
+              o_22g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 22)
+              o_23g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 23)
+              o_24g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 24)
+              o_25g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 25)
+              o_26g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 26)
+              o_27g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 27)
+              o_28g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 28)
+              o_29g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 29)
+              o_30g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 30)
+              o_31g = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 31)
+              o_0h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7))
+              o_1h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 1)
+              o_2h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 2)
+              o_3h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 3)
+              o_4h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 4)
+              o_5h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 5)
+              o_6h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 6)
+              o_7h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 7)
+              o_8h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 8)
+              o_9h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 9)
+              o_10h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 10)
+              o_11h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 11)
+              o_12h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 12)
+              o_13h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 13)
+              o_14h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 14)
+              o_15h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 15)
+              o_16h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 16)
+              o_17h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 17)
+              o_18h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 18)
+              o_19h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 19)
+              o_20h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 20)
+              o_21h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 21)
+              o_22h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 22)
+              o_23h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 23)
+              o_24h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 24)
+              o_25h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 25)
+              o_26h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 26)
+              o_27h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 27)
+              o_28h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 28)
+              o_29h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 29)
+              o_30h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 30)
+              o_31h = attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 31)
               !GCC$ novector
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 o_0 = o_0 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
                 o_1 = o_1 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
                 o_2 = o_2 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
                 o_3 = o_3 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
                 o_4 = o_4 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
                 o_5 = o_5 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
                 o_6 = o_6 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
                 o_7 = o_7 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
                 o_8 = o_8 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
                 o_9 = o_9 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
                 o_10 = o_10 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
                 o_11 = o_11 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
                 o_12 = o_12 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
                 o_13 = o_13 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
                 o_14 = o_14 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
                 o_15 = o_15 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_16 = o_16 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
+                o_17 = o_17 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
+                o_18 = o_18 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
+                o_19 = o_19 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
+                o_20 = o_20 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
+                o_21 = o_21 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
+                o_22 = o_22 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
+                o_23 = o_23 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
+                o_24 = o_24 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
+                o_25 = o_25 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
+                o_26 = o_26 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
+                o_27 = o_27 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
+                o_28 = o_28 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
+                o_29 = o_29 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
+                o_30 = o_30 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
+                o_31 = o_31 + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
                 o_0b = o_0b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
                 o_1b = o_1b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
                 o_2b = o_2b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
                 o_3b = o_3b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
                 o_4b = o_4b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
                 o_5b = o_5b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
                 o_6b = o_6b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
                 o_7b = o_7b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
                 o_8b = o_8b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
                 o_9b = o_9b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
                 o_10b = o_10b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
                 o_11b = o_11b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
                 o_12b = o_12b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
                 o_13b = o_13b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
                 o_14b = o_14b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
                 o_15b = o_15b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_16b = o_16b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
+                o_17b = o_17b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
+                o_18b = o_18b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
+                o_19b = o_19b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
+                o_20b = o_20b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
+                o_21b = o_21b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
+                o_22b = o_22b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
+                o_23b = o_23b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
+                o_24b = o_24b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
+                o_25b = o_25b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
+                o_26b = o_26b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
+                o_27b = o_27b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
+                o_28b = o_28b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
+                o_29b = o_29b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
+                o_30b = o_30b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
+                o_31b = o_31b + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) * &
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
                 o_0c = o_0c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
                 o_1c = o_1c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
                 o_2c = o_2c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
                 o_3c = o_3c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
                 o_4c = o_4c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
                 o_5c = o_5c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
                 o_6c = o_6c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
                 o_7c = o_7c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
                 o_8c = o_8c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
                 o_9c = o_9c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
                 o_10c = o_10c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
                 o_11c = o_11c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
                 o_12c = o_12c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
                 o_13c = o_13c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
                 o_14c = o_14c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
                 o_15c = o_15c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_16c = o_16c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
+                o_17c = o_17c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
+                o_18c = o_18c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
+                o_19c = o_19c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
+                o_20c = o_20c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
+                o_21c = o_21c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
+                o_22c = o_22c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
+                o_23c = o_23c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
+                o_24c = o_24c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
+                o_25c = o_25c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
+                o_26c = o_26c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
+                o_27c = o_27c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
+                o_28c = o_28c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
+                o_29c = o_29c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
+                o_30c = o_30c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
+                o_31c = o_31c + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
                 o_0d = o_0d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
                 o_1d = o_1d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
                 o_2d = o_2d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
                 o_3d = o_3d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
                 o_4d = o_4d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
                 o_5d = o_5d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
                 o_6d = o_6d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
                 o_7d = o_7d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
                 o_8d = o_8d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
                 o_9d = o_9d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
                 o_10d = o_10d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
                 o_11d = o_11d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
                 o_12d = o_12d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
                 o_13d = o_13d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
                 o_14d = o_14d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
                 o_15d = o_15d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_16d = o_16d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
+                o_17d = o_17d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
+                o_18d = o_18d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
+                o_19d = o_19d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
+                o_20d = o_20d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
+                o_21d = o_21d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
+                o_22d = o_22d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
+                o_23d = o_23d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
+                o_24d = o_24d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
+                o_25d = o_25d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
+                o_26d = o_26d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
+                o_27d = o_27d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
+                o_28d = o_28d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
+                o_29d = o_29d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
+                o_30d = o_30d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
+                o_31d = o_31d + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
                 o_0e = o_0e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
                 o_1e = o_1e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
                 o_2e = o_2e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
                 o_3e = o_3e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
                 o_4e = o_4e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
                 o_5e = o_5e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
                 o_6e = o_6e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
                 o_7e = o_7e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
                 o_8e = o_8e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
                 o_9e = o_9e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
                 o_10e = o_10e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
                 o_11e = o_11e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
                 o_12e = o_12e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
                 o_13e = o_13e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
                 o_14e = o_14e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
                 o_15e = o_15e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_16e = o_16e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
+                o_17e = o_17e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
+                o_18e = o_18e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
+                o_19e = o_19e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
+                o_20e = o_20e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
+                o_21e = o_21e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
+                o_22e = o_22e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
+                o_23e = o_23e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
+                o_24e = o_24e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
+                o_25e = o_25e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
+                o_26e = o_26e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
+                o_27e = o_27e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
+                o_28e = o_28e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
+                o_29e = o_29e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
+                o_30e = o_30e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
+                o_31e = o_31e + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
                 o_0f = o_0f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
                 o_1f = o_1f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
                 o_2f = o_2f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
                 o_3f = o_3f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
                 o_4f = o_4f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
                 o_5f = o_5f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
                 o_6f = o_6f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
                 o_7f = o_7f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
                 o_8f = o_8f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
                 o_9f = o_9f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
                 o_10f = o_10f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
                 o_11f = o_11f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
                 o_12f = o_12f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
                 o_13f = o_13f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
                 o_14f = o_14f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
                 o_15f = o_15f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_16f = o_16f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
+                o_17f = o_17f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
+                o_18f = o_18f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
+                o_19f = o_19f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
+                o_20f = o_20f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
+                o_21f = o_21f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
+                o_22f = o_22f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
+                o_23f = o_23f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
+                o_24f = o_24f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
+                o_25f = o_25f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
+                o_26f = o_26f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
+                o_27f = o_27f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
+                o_28f = o_28f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
+                o_29f = o_29f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
+                o_30f = o_30f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
+                o_31f = o_31f + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
                 o_0g = o_0g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
                 o_1g = o_1g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
                 o_2g = o_2g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
                 o_3g = o_3g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
                 o_4g = o_4g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
                 o_5g = o_5g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
                 o_6g = o_6g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
                 o_7g = o_7g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
                 o_8g = o_8g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
                 o_9g = o_9g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
                 o_10g = o_10g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
                 o_11g = o_11g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
                 o_12g = o_12g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
                 o_13g = o_13g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
                 o_14g = o_14g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
                 o_15g = o_15g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_16g = o_16g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
+                o_17g = o_17g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
+                o_18g = o_18g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
+                o_19g = o_19g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
+                o_20g = o_20g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
+                o_21g = o_21g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
+                o_22g = o_22g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
+                o_23g = o_23g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
+                o_24g = o_24g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
+                o_25g = o_25g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
+                o_26g = o_26g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
+                o_27g = o_27g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
+                o_28g = o_28g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
+                o_29g = o_29g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
+                o_30g = o_30g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
+                o_31g = o_31g + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
                 o_0h = o_0h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)))
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)))
                 o_1h = o_1h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 1)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 1)
                 o_2h = o_2h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 2)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 2)
                 o_3h = o_3h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 3)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 3)
                 o_4h = o_4h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 4)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 4)
                 o_5h = o_5h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 5)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 5)
                 o_6h = o_6h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 6)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 6)
                 o_7h = o_7h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 7)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 7)
                 o_8h = o_8h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 8)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 8)
                 o_9h = o_9h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) * &
-                    & V(16*c_tile + dh*(j + n*(b*heads + h)) + 9)
+                    & V(32*c_tile + dh*(j + n*(b*heads + h)) + 9)
                 o_10h = o_10h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 10)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 10)
                 o_11h = o_11h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 11)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 11)
                 o_12h = o_12h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 12)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 12)
                 o_13h = o_13h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 13)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 13)
                 o_14h = o_14h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 14)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 14)
                 o_15h = o_15h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
-                    & * V(16*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 15)
+                o_16h = o_16h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 16)
+                o_17h = o_17h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 17)
+                o_18h = o_18h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 18)
+                o_19h = o_19h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 19)
+                o_20h = o_20h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 20)
+                o_21h = o_21h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 21)
+                o_22h = o_22h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 22)
+                o_23h = o_23h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 23)
+                o_24h = o_24h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 24)
+                o_25h = o_25h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 25)
+                o_26h = o_26h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 26)
+                o_27h = o_27h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 27)
+                o_28h = o_28h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 28)
+                o_29h = o_29h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 29)
+                o_30h = o_30h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 30)
+                o_31h = o_31h + attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) &
+                    & * V(32*c_tile + dh*(j + n*(b*heads + h)) + 31)
               end do
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h))) = o_0
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 1) = o_1
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 2) = o_2
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 3) = o_3
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 4) = o_4
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 5) = o_5
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 6) = o_6
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 7) = o_7
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 8) = o_8
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 9) = o_9
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 10) = o_10
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 11) = o_11
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 12) = o_12
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 13) = o_13
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 14) = o_14
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 15) = o_15
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1)) = o_0b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 1) = o_1b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 2) = o_2b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 3) = o_3b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 4) = o_4b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 5) = o_5b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 6) = o_6b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 7) = o_7b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 8) = o_8b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 9) = o_9b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 10) = o_10b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 11) = o_11b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 12) = o_12b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 13) = o_13b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 14) = o_14b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 15) = o_15b
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2)) = o_0c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 1) = o_1c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 2) = o_2c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 3) = o_3c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 4) = o_4c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 5) = o_5c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 6) = o_6c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 7) = o_7c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 8) = o_8c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 9) = o_9c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 10) = o_10c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 11) = o_11c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 12) = o_12c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 13) = o_13c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 14) = o_14c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 15) = o_15c
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3)) = o_0d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 1) = o_1d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 2) = o_2d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 3) = o_3d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 4) = o_4d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 5) = o_5d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 6) = o_6d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 7) = o_7d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 8) = o_8d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 9) = o_9d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 10) = o_10d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 11) = o_11d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 12) = o_12d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 13) = o_13d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 14) = o_14d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 15) = o_15d
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4)) = o_0e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 1) = o_1e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 2) = o_2e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 3) = o_3e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 4) = o_4e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 5) = o_5e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 6) = o_6e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 7) = o_7e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 8) = o_8e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 9) = o_9e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 10) = o_10e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 11) = o_11e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 12) = o_12e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 13) = o_13e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 14) = o_14e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 15) = o_15e
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5)) = o_0f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 1) = o_1f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 2) = o_2f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 3) = o_3f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 4) = o_4f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 5) = o_5f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 6) = o_6f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 7) = o_7f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 8) = o_8f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 9) = o_9f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 10) = o_10f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 11) = o_11f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 12) = o_12f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 13) = o_13f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 14) = o_14f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 15) = o_15f
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6)) = o_0g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 1) = o_1g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 2) = o_2g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 3) = o_3g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 4) = o_4g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 5) = o_5g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 6) = o_6g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 7) = o_7g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 8) = o_8g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 9) = o_9g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 10) = o_10g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 11) = o_11g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 12) = o_12g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 13) = o_13g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 14) = o_14g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 15) = o_15g
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7)) = o_0h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 1) = o_1h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 2) = o_2h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 3) = o_3h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 4) = o_4h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 5) = o_5h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 6) = o_6h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 7) = o_7h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 8) = o_8h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 9) = o_9h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 10) = o_10h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 11) = o_11h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 12) = o_12h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 13) = o_13h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 14) = o_14h
-              attn(16*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 15) = o_15h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h))) = o_0
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 1) = o_1
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 2) = o_2
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 3) = o_3
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 4) = o_4
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 5) = o_5
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 6) = o_6
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 7) = o_7
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 8) = o_8
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 9) = o_9
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 10) = o_10
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 11) = o_11
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 12) = o_12
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 13) = o_13
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 14) = o_14
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 15) = o_15
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 16) = o_16
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 17) = o_17
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 18) = o_18
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 19) = o_19
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 20) = o_20
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 21) = o_21
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 22) = o_22
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 23) = o_23
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 24) = o_24
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 25) = o_25
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 26) = o_26
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 27) = o_27
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 28) = o_28
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 29) = o_29
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 30) = o_30
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h)) + 31) = o_31
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1)) = o_0b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 1) = o_1b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 2) = o_2b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 3) = o_3b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 4) = o_4b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 5) = o_5b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 6) = o_6b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 7) = o_7b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 8) = o_8b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 9) = o_9b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 10) = o_10b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 11) = o_11b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 12) = o_12b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 13) = o_13b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 14) = o_14b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 15) = o_15b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 16) = o_16b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 17) = o_17b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 18) = o_18b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 19) = o_19b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 20) = o_20b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 21) = o_21b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 22) = o_22b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 23) = o_23b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 24) = o_24b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 25) = o_25b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 26) = o_26b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 27) = o_27b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 28) = o_28b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 29) = o_29b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 30) = o_30b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 1) + 31) = o_31b
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2)) = o_0c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 1) = o_1c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 2) = o_2c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 3) = o_3c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 4) = o_4c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 5) = o_5c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 6) = o_6c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 7) = o_7c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 8) = o_8c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 9) = o_9c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 10) = o_10c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 11) = o_11c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 12) = o_12c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 13) = o_13c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 14) = o_14c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 15) = o_15c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 16) = o_16c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 17) = o_17c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 18) = o_18c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 19) = o_19c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 20) = o_20c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 21) = o_21c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 22) = o_22c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 23) = o_23c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 24) = o_24c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 25) = o_25c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 26) = o_26c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 27) = o_27c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 28) = o_28c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 29) = o_29c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 30) = o_30c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 2) + 31) = o_31c
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3)) = o_0d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 1) = o_1d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 2) = o_2d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 3) = o_3d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 4) = o_4d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 5) = o_5d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 6) = o_6d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 7) = o_7d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 8) = o_8d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 9) = o_9d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 10) = o_10d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 11) = o_11d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 12) = o_12d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 13) = o_13d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 14) = o_14d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 15) = o_15d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 16) = o_16d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 17) = o_17d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 18) = o_18d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 19) = o_19d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 20) = o_20d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 21) = o_21d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 22) = o_22d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 23) = o_23d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 24) = o_24d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 25) = o_25d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 26) = o_26d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 27) = o_27d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 28) = o_28d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 29) = o_29d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 30) = o_30d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 3) + 31) = o_31d
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4)) = o_0e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 1) = o_1e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 2) = o_2e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 3) = o_3e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 4) = o_4e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 5) = o_5e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 6) = o_6e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 7) = o_7e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 8) = o_8e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 9) = o_9e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 10) = o_10e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 11) = o_11e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 12) = o_12e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 13) = o_13e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 14) = o_14e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 15) = o_15e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 16) = o_16e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 17) = o_17e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 18) = o_18e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 19) = o_19e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 20) = o_20e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 21) = o_21e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 22) = o_22e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 23) = o_23e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 24) = o_24e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 25) = o_25e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 26) = o_26e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 27) = o_27e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 28) = o_28e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 29) = o_29e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 30) = o_30e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 4) + 31) = o_31e
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5)) = o_0f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 1) = o_1f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 2) = o_2f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 3) = o_3f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 4) = o_4f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 5) = o_5f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 6) = o_6f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 7) = o_7f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 8) = o_8f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 9) = o_9f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 10) = o_10f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 11) = o_11f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 12) = o_12f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 13) = o_13f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 14) = o_14f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 15) = o_15f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 16) = o_16f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 17) = o_17f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 18) = o_18f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 19) = o_19f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 20) = o_20f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 21) = o_21f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 22) = o_22f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 23) = o_23f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 24) = o_24f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 25) = o_25f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 26) = o_26f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 27) = o_27f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 28) = o_28f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 29) = o_29f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 30) = o_30f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 5) + 31) = o_31f
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6)) = o_0g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 1) = o_1g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 2) = o_2g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 3) = o_3g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 4) = o_4g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 5) = o_5g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 6) = o_6g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 7) = o_7g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 8) = o_8g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 9) = o_9g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 10) = o_10g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 11) = o_11g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 12) = o_12g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 13) = o_13g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 14) = o_14g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 15) = o_15g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 16) = o_16g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 17) = o_17g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 18) = o_18g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 19) = o_19g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 20) = o_20g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 21) = o_21g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 22) = o_22g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 23) = o_23g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 24) = o_24g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 25) = o_25g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 26) = o_26g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 27) = o_27g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 28) = o_28g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 29) = o_29g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 30) = o_30g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 6) + 31) = o_31g
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7)) = o_0h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 1) = o_1h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 2) = o_2h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 3) = o_3h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 4) = o_4h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 5) = o_5h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 6) = o_6h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 7) = o_7h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 8) = o_8h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 9) = o_9h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 10) = o_10h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 11) = o_11h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 12) = o_12h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 13) = o_13h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 14) = o_14h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 15) = o_15h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 16) = o_16h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 17) = o_17h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 18) = o_18h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 19) = o_19h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 20) = o_20h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 21) = o_21h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 22) = o_22h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 23) = o_23h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 24) = o_24h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 25) = o_25h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 26) = o_26h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 27) = o_27h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 28) = o_28h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 29) = o_29h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 30) = o_30h
+              attn(32*c_tile + dh*(8*i_tile + n*(b*heads + h) + 7) + 31) = o_31h
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
@@ -5672,7 +6879,7 @@ contains
               t_5 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320)
               t_6 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384)
               t_7 = attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448)
-              do c = 16*((dh) / 16), dh - 1
+              do c = 32*((dh) / 32), dh - 1
                 attn(c + dh*(8*i_tile + n*(b*heads + h))) = attn(c + dh*(8*i_tile + n*(b*heads + &
                     & h))) + t_0 * V(V_row + c)
                 attn(c + dh*(8*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(8*i_tile + &
@@ -6082,12 +7289,12 @@ contains
     ! mlp.U.pack_Wg: reads Wg; scratch mlp_Wg_panel
     ! for e_tile (parallel) / c / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_Wg_panel_row)
-    do e_tile = 0, ((dff) / 8) - 1
+    do e_tile = 0, ((dff) / 16) - 1
       do c = 0, dm - 1
-        mlp_Wg_panel_row = 8*c + 8*dm*e_tile
+        mlp_Wg_panel_row = 16*c + 16*dm*e_tile
         !$omp simd
-        do lane = 0, 7
-          mlp_Wg_panel(mlp_Wg_panel_row + lane) = Wg(c*dff + 8*e_tile + lane)
+        do lane = 0, 15
+          mlp_Wg_panel(mlp_Wg_panel_row + lane) = Wg(c*dff + 16*e_tile + lane)
         end do
       end do
     end do
@@ -6096,14 +7303,20 @@ contains
     ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
     !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, xn2_row0, xn2_row1, &
     !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
+    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
+    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
+    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
+    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
+    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
+    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
+    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
+    !$omp& acc_5_15)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
-        do e_tile = 0, ((dff) / 8) - 1
+        do e_tile = 0, ((dff) / 16) - 1
           do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
             xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
             xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
@@ -6119,6 +7332,14 @@ contains
             acc_0_5 = 0.0_c_float
             acc_0_6 = 0.0_c_float
             acc_0_7 = 0.0_c_float
+            acc_0_8 = 0.0_c_float
+            acc_0_9 = 0.0_c_float
+            acc_0_10 = 0.0_c_float
+            acc_0_11 = 0.0_c_float
+            acc_0_12 = 0.0_c_float
+            acc_0_13 = 0.0_c_float
+            acc_0_14 = 0.0_c_float
+            acc_0_15 = 0.0_c_float
             acc_1_0 = 0.0_c_float
             acc_1_1 = 0.0_c_float
             acc_1_2 = 0.0_c_float
@@ -6127,6 +7348,14 @@ contains
             acc_1_5 = 0.0_c_float
             acc_1_6 = 0.0_c_float
             acc_1_7 = 0.0_c_float
+            acc_1_8 = 0.0_c_float
+            acc_1_9 = 0.0_c_float
+            acc_1_10 = 0.0_c_float
+            acc_1_11 = 0.0_c_float
+            acc_1_12 = 0.0_c_float
+            acc_1_13 = 0.0_c_float
+            acc_1_14 = 0.0_c_float
+            acc_1_15 = 0.0_c_float
             acc_2_0 = 0.0_c_float
             acc_2_1 = 0.0_c_float
             acc_2_2 = 0.0_c_float
@@ -6135,6 +7364,14 @@ contains
             acc_2_5 = 0.0_c_float
             acc_2_6 = 0.0_c_float
             acc_2_7 = 0.0_c_float
+            acc_2_8 = 0.0_c_float
+            acc_2_9 = 0.0_c_float
+            acc_2_10 = 0.0_c_float
+            acc_2_11 = 0.0_c_float
+            acc_2_12 = 0.0_c_float
+            acc_2_13 = 0.0_c_float
+            acc_2_14 = 0.0_c_float
+            acc_2_15 = 0.0_c_float
             acc_3_0 = 0.0_c_float
             acc_3_1 = 0.0_c_float
             acc_3_2 = 0.0_c_float
@@ -6143,6 +7380,14 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_3_8 = 0.0_c_float
+            acc_3_9 = 0.0_c_float
+            acc_3_10 = 0.0_c_float
+            acc_3_11 = 0.0_c_float
+            acc_3_12 = 0.0_c_float
+            acc_3_13 = 0.0_c_float
+            acc_3_14 = 0.0_c_float
+            acc_3_15 = 0.0_c_float
             acc_4_0 = 0.0_c_float
             acc_4_1 = 0.0_c_float
             acc_4_2 = 0.0_c_float
@@ -6151,6 +7396,14 @@ contains
             acc_4_5 = 0.0_c_float
             acc_4_6 = 0.0_c_float
             acc_4_7 = 0.0_c_float
+            acc_4_8 = 0.0_c_float
+            acc_4_9 = 0.0_c_float
+            acc_4_10 = 0.0_c_float
+            acc_4_11 = 0.0_c_float
+            acc_4_12 = 0.0_c_float
+            acc_4_13 = 0.0_c_float
+            acc_4_14 = 0.0_c_float
+            acc_4_15 = 0.0_c_float
             acc_5_0 = 0.0_c_float
             acc_5_1 = 0.0_c_float
             acc_5_2 = 0.0_c_float
@@ -6159,105 +7412,209 @@ contains
             acc_5_5 = 0.0_c_float
             acc_5_6 = 0.0_c_float
             acc_5_7 = 0.0_c_float
+            acc_5_8 = 0.0_c_float
+            acc_5_9 = 0.0_c_float
+            acc_5_10 = 0.0_c_float
+            acc_5_11 = 0.0_c_float
+            acc_5_12 = 0.0_c_float
+            acc_5_13 = 0.0_c_float
+            acc_5_14 = 0.0_c_float
+            acc_5_15 = 0.0_c_float
             !GCC$ novector
             do c = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
-              acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
-              acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
-              acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
-              acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
-              acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
-              acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
-              acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
-              acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
-              acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
-              acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
-              acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
-              acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
-              acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
-              acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
-              acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
-              acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
-              acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
-              acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
-              acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
-              acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
-              acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
-              acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
-              acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
-              acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
-              acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
-              acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
-              acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
-              acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
-              acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
-              acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
-              acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
-              acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
-              acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
-              acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
-              acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
-              acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
-              acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
-              acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
-              acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
-              acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile)
-              acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 1)
-              acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 2)
-              acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 3)
-              acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 4)
-              acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 5)
-              acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 6)
-              acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wg_panel(8*c + 8*dm*e_tile + 7)
+              acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile)
+              acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 7)
+              acc_0_8 = acc_0_8 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 8)
+              acc_0_9 = acc_0_9 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 9)
+              acc_0_10 = acc_0_10 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 10)
+              acc_0_11 = acc_0_11 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 11)
+              acc_0_12 = acc_0_12 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 12)
+              acc_0_13 = acc_0_13 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 13)
+              acc_0_14 = acc_0_14 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 14)
+              acc_0_15 = acc_0_15 + xn2(xn2_row0 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 15)
+              acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile)
+              acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 7)
+              acc_1_8 = acc_1_8 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 8)
+              acc_1_9 = acc_1_9 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 9)
+              acc_1_10 = acc_1_10 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 10)
+              acc_1_11 = acc_1_11 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 11)
+              acc_1_12 = acc_1_12 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 12)
+              acc_1_13 = acc_1_13 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 13)
+              acc_1_14 = acc_1_14 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 14)
+              acc_1_15 = acc_1_15 + xn2(xn2_row1 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 15)
+              acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile)
+              acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 7)
+              acc_2_8 = acc_2_8 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 8)
+              acc_2_9 = acc_2_9 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 9)
+              acc_2_10 = acc_2_10 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 10)
+              acc_2_11 = acc_2_11 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 11)
+              acc_2_12 = acc_2_12 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 12)
+              acc_2_13 = acc_2_13 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 13)
+              acc_2_14 = acc_2_14 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 14)
+              acc_2_15 = acc_2_15 + xn2(xn2_row2 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 15)
+              acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile)
+              acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 7)
+              acc_3_8 = acc_3_8 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 8)
+              acc_3_9 = acc_3_9 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 9)
+              acc_3_10 = acc_3_10 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 10)
+              acc_3_11 = acc_3_11 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 11)
+              acc_3_12 = acc_3_12 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 12)
+              acc_3_13 = acc_3_13 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 13)
+              acc_3_14 = acc_3_14 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 14)
+              acc_3_15 = acc_3_15 + xn2(xn2_row3 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 15)
+              acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile)
+              acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 7)
+              acc_4_8 = acc_4_8 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 8)
+              acc_4_9 = acc_4_9 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 9)
+              acc_4_10 = acc_4_10 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 10)
+              acc_4_11 = acc_4_11 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 11)
+              acc_4_12 = acc_4_12 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 12)
+              acc_4_13 = acc_4_13 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 13)
+              acc_4_14 = acc_4_14 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 14)
+              acc_4_15 = acc_4_15 + xn2(xn2_row4 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 15)
+              acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile)
+              acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 7)
+              acc_5_8 = acc_5_8 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 8)
+              acc_5_9 = acc_5_9 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 9)
+              acc_5_10 = acc_5_10 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 10)
+              acc_5_11 = acc_5_11 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 11)
+              acc_5_12 = acc_5_12 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 12)
+              acc_5_13 = acc_5_13 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 13)
+              acc_5_14 = acc_5_14 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 14)
+              acc_5_15 = acc_5_15 + xn2(xn2_row5 + c) * mlp_Wg_panel(16*c + 16*dm*e_tile + 15)
             end do
-            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
-            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
-            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
-            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
-            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
-            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
-            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
-            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
-            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
-            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
-            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
-            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
-            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
-            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
-            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
-            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
-            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
-            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
-            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
-            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile) = acc_0_0
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 1) = acc_0_1
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 2) = acc_0_2
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 3) = acc_0_3
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 4) = acc_0_4
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 5) = acc_0_5
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 6) = acc_0_6
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 7) = acc_0_7
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 8) = acc_0_8
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 9) = acc_0_9
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 10) = acc_0_10
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 11) = acc_0_11
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 12) = acc_0_12
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 13) = acc_0_13
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 14) = acc_0_14
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 15) = acc_0_15
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile) = acc_1_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 1) = acc_1_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 2) = acc_1_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 3) = acc_1_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 4) = acc_1_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 5) = acc_1_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 6) = acc_1_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 7) = acc_1_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 8) = acc_1_8
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 9) = acc_1_9
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 10) = acc_1_10
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 11) = acc_1_11
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 12) = acc_1_12
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 13) = acc_1_13
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 14) = acc_1_14
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 15) = acc_1_15
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile) = acc_2_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 1) = acc_2_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 2) = acc_2_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 3) = acc_2_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 4) = acc_2_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 5) = acc_2_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 6) = acc_2_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 7) = acc_2_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 8) = acc_2_8
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 9) = acc_2_9
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 10) = acc_2_10
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 11) = acc_2_11
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 12) = acc_2_12
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 13) = acc_2_13
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 14) = acc_2_14
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 15) = acc_2_15
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile) = acc_3_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 1) = acc_3_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 2) = acc_3_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 3) = acc_3_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 4) = acc_3_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 5) = acc_3_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 6) = acc_3_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 7) = acc_3_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 8) = acc_3_8
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 9) = acc_3_9
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 10) = acc_3_10
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 11) = acc_3_11
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 12) = acc_3_12
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 13) = acc_3_13
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 14) = acc_3_14
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 15) = acc_3_15
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile) = acc_4_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 1) = acc_4_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 2) = acc_4_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 3) = acc_4_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 4) = acc_4_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 5) = acc_4_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 6) = acc_4_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 7) = acc_4_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 8) = acc_4_8
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 9) = acc_4_9
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 10) = acc_4_10
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 11) = acc_4_11
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 12) = acc_4_12
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 13) = acc_4_13
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 14) = acc_4_14
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 15) = acc_4_15
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile) = acc_5_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 1) = acc_5_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 2) = acc_5_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 3) = acc_5_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 4) = acc_5_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 5) = acc_5_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 6) = acc_5_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 7) = acc_5_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 8) = acc_5_8
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 9) = acc_5_9
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 10) = acc_5_10
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 11) = acc_5_11
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 12) = acc_5_12
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 13) = acc_5_13
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 14) = acc_5_14
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 15) = acc_5_15
           end do
         end do
       end do
@@ -6268,7 +7625,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e, c, xg)
     do b = 0, batch - 1
       do i = 0, n - 1
-        do e = 8*((dff) / 8), dff - 1
+        do e = 16*((dff) / 16), dff - 1
           xg = 0.0_c_float
           !$omp simd reduction(+:xg)
           do c = 0, dm - 1
@@ -6282,12 +7639,12 @@ contains
     ! mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
     ! for e_tile (parallel) / c / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_Wu_panel_row)
-    do e_tile = 0, ((dff) / 8) - 1
+    do e_tile = 0, ((dff) / 16) - 1
       do c = 0, dm - 1
-        mlp_Wu_panel_row = 8*c + 8*dm*e_tile
+        mlp_Wu_panel_row = 16*c + 16*dm*e_tile
         !$omp simd
-        do lane = 0, 7
-          mlp_Wu_panel(mlp_Wu_panel_row + lane) = Wu(c*dff + 8*e_tile + lane)
+        do lane = 0, 15
+          mlp_Wu_panel(mlp_Wu_panel_row + lane) = Wu(c*dff + 16*e_tile + lane)
         end do
       end do
     end do
@@ -6296,14 +7653,20 @@ contains
     ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
     !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, xn2_row0, xn2_row1, &
     !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
+    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
+    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
+    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
+    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
+    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
+    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
+    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
+    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
+    !$omp& acc_5_15)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
-        do e_tile = 0, ((dff) / 8) - 1
+        do e_tile = 0, ((dff) / 16) - 1
           do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
             xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
             xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
@@ -6319,6 +7682,14 @@ contains
             acc_0_5 = 0.0_c_float
             acc_0_6 = 0.0_c_float
             acc_0_7 = 0.0_c_float
+            acc_0_8 = 0.0_c_float
+            acc_0_9 = 0.0_c_float
+            acc_0_10 = 0.0_c_float
+            acc_0_11 = 0.0_c_float
+            acc_0_12 = 0.0_c_float
+            acc_0_13 = 0.0_c_float
+            acc_0_14 = 0.0_c_float
+            acc_0_15 = 0.0_c_float
             acc_1_0 = 0.0_c_float
             acc_1_1 = 0.0_c_float
             acc_1_2 = 0.0_c_float
@@ -6327,6 +7698,14 @@ contains
             acc_1_5 = 0.0_c_float
             acc_1_6 = 0.0_c_float
             acc_1_7 = 0.0_c_float
+            acc_1_8 = 0.0_c_float
+            acc_1_9 = 0.0_c_float
+            acc_1_10 = 0.0_c_float
+            acc_1_11 = 0.0_c_float
+            acc_1_12 = 0.0_c_float
+            acc_1_13 = 0.0_c_float
+            acc_1_14 = 0.0_c_float
+            acc_1_15 = 0.0_c_float
             acc_2_0 = 0.0_c_float
             acc_2_1 = 0.0_c_float
             acc_2_2 = 0.0_c_float
@@ -6335,6 +7714,14 @@ contains
             acc_2_5 = 0.0_c_float
             acc_2_6 = 0.0_c_float
             acc_2_7 = 0.0_c_float
+            acc_2_8 = 0.0_c_float
+            acc_2_9 = 0.0_c_float
+            acc_2_10 = 0.0_c_float
+            acc_2_11 = 0.0_c_float
+            acc_2_12 = 0.0_c_float
+            acc_2_13 = 0.0_c_float
+            acc_2_14 = 0.0_c_float
+            acc_2_15 = 0.0_c_float
             acc_3_0 = 0.0_c_float
             acc_3_1 = 0.0_c_float
             acc_3_2 = 0.0_c_float
@@ -6343,6 +7730,14 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_3_8 = 0.0_c_float
+            acc_3_9 = 0.0_c_float
+            acc_3_10 = 0.0_c_float
+            acc_3_11 = 0.0_c_float
+            acc_3_12 = 0.0_c_float
+            acc_3_13 = 0.0_c_float
+            acc_3_14 = 0.0_c_float
+            acc_3_15 = 0.0_c_float
             acc_4_0 = 0.0_c_float
             acc_4_1 = 0.0_c_float
             acc_4_2 = 0.0_c_float
@@ -6351,6 +7746,14 @@ contains
             acc_4_5 = 0.0_c_float
             acc_4_6 = 0.0_c_float
             acc_4_7 = 0.0_c_float
+            acc_4_8 = 0.0_c_float
+            acc_4_9 = 0.0_c_float
+            acc_4_10 = 0.0_c_float
+            acc_4_11 = 0.0_c_float
+            acc_4_12 = 0.0_c_float
+            acc_4_13 = 0.0_c_float
+            acc_4_14 = 0.0_c_float
+            acc_4_15 = 0.0_c_float
             acc_5_0 = 0.0_c_float
             acc_5_1 = 0.0_c_float
             acc_5_2 = 0.0_c_float
@@ -6359,105 +7762,209 @@ contains
             acc_5_5 = 0.0_c_float
             acc_5_6 = 0.0_c_float
             acc_5_7 = 0.0_c_float
+            acc_5_8 = 0.0_c_float
+            acc_5_9 = 0.0_c_float
+            acc_5_10 = 0.0_c_float
+            acc_5_11 = 0.0_c_float
+            acc_5_12 = 0.0_c_float
+            acc_5_13 = 0.0_c_float
+            acc_5_14 = 0.0_c_float
+            acc_5_15 = 0.0_c_float
             !GCC$ novector
             do c = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
+              acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
+              acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
+              acc_0_8 = acc_0_8 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
+              acc_0_9 = acc_0_9 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
+              acc_0_10 = acc_0_10 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
+              acc_0_11 = acc_0_11 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
+              acc_0_12 = acc_0_12 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
+              acc_0_13 = acc_0_13 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
+              acc_0_14 = acc_0_14 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
+              acc_0_15 = acc_0_15 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
+              acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
+              acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
+              acc_1_8 = acc_1_8 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
+              acc_1_9 = acc_1_9 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
+              acc_1_10 = acc_1_10 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
+              acc_1_11 = acc_1_11 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
+              acc_1_12 = acc_1_12 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
+              acc_1_13 = acc_1_13 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
+              acc_1_14 = acc_1_14 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
+              acc_1_15 = acc_1_15 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
+              acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
+              acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
+              acc_2_8 = acc_2_8 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
+              acc_2_9 = acc_2_9 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
+              acc_2_10 = acc_2_10 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
+              acc_2_11 = acc_2_11 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
+              acc_2_12 = acc_2_12 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
+              acc_2_13 = acc_2_13 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
+              acc_2_14 = acc_2_14 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
+              acc_2_15 = acc_2_15 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
+              acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
+              acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
+              acc_3_8 = acc_3_8 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
+              acc_3_9 = acc_3_9 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
+              acc_3_10 = acc_3_10 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
+              acc_3_11 = acc_3_11 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
+              acc_3_12 = acc_3_12 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
+              acc_3_13 = acc_3_13 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
+              acc_3_14 = acc_3_14 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
+              acc_3_15 = acc_3_15 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
+              acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
+              acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
+              acc_4_8 = acc_4_8 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
+              acc_4_9 = acc_4_9 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
+              acc_4_10 = acc_4_10 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
+              acc_4_11 = acc_4_11 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
+              acc_4_12 = acc_4_12 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
+              acc_4_13 = acc_4_13 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
+              acc_4_14 = acc_4_14 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
+              acc_4_15 = acc_4_15 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
+              acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
+              acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
+              acc_5_8 = acc_5_8 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
+              acc_5_9 = acc_5_9 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
+              acc_5_10 = acc_5_10 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
+              acc_5_11 = acc_5_11 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
+              acc_5_12 = acc_5_12 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
+              acc_5_13 = acc_5_13 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
+              acc_5_14 = acc_5_14 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
+              acc_5_15 = acc_5_15 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
             end do
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile) = acc_0_0
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 1) = acc_0_1
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 2) = acc_0_2
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 3) = acc_0_3
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 4) = acc_0_4
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 5) = acc_0_5
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 6) = acc_0_6
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 7) = acc_0_7
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 8) = acc_0_8
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 9) = acc_0_9
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 10) = acc_0_10
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 11) = acc_0_11
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 12) = acc_0_12
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 13) = acc_0_13
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 14) = acc_0_14
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 15) = acc_0_15
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile) = acc_1_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 1) = acc_1_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 2) = acc_1_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 3) = acc_1_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 4) = acc_1_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 5) = acc_1_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 6) = acc_1_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 7) = acc_1_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 8) = acc_1_8
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 9) = acc_1_9
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 10) = acc_1_10
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 11) = acc_1_11
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 12) = acc_1_12
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 13) = acc_1_13
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 14) = acc_1_14
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 15) = acc_1_15
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile) = acc_2_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 1) = acc_2_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 2) = acc_2_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 3) = acc_2_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 4) = acc_2_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 5) = acc_2_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 6) = acc_2_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 7) = acc_2_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 8) = acc_2_8
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 9) = acc_2_9
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 10) = acc_2_10
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 11) = acc_2_11
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 12) = acc_2_12
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 13) = acc_2_13
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 14) = acc_2_14
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 15) = acc_2_15
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile) = acc_3_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 1) = acc_3_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 2) = acc_3_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 3) = acc_3_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 4) = acc_3_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 5) = acc_3_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 6) = acc_3_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 7) = acc_3_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 8) = acc_3_8
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 9) = acc_3_9
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 10) = acc_3_10
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 11) = acc_3_11
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 12) = acc_3_12
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 13) = acc_3_13
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 14) = acc_3_14
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 15) = acc_3_15
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile) = acc_4_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 1) = acc_4_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 2) = acc_4_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 3) = acc_4_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 4) = acc_4_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 5) = acc_4_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 6) = acc_4_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 7) = acc_4_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 8) = acc_4_8
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 9) = acc_4_9
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 10) = acc_4_10
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 11) = acc_4_11
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 12) = acc_4_12
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 13) = acc_4_13
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 14) = acc_4_14
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 15) = acc_4_15
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile) = acc_5_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 1) = acc_5_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 2) = acc_5_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 3) = acc_5_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 4) = acc_5_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 5) = acc_5_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 6) = acc_5_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 7) = acc_5_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 8) = acc_5_8
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 9) = acc_5_9
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 10) = acc_5_10
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 11) = acc_5_11
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 12) = acc_5_12
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 13) = acc_5_13
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 14) = acc_5_14
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 15) = acc_5_15
           end do
         end do
       end do
@@ -6470,7 +7977,7 @@ contains
       do i = 0, n - 1
         mlp_H_row = dff*(b*n + i)
         !$omp simd
-        do e = 0, 8*((dff) / 8) - 1
+        do e = 0, 16*((dff) / 16) - 1
           mlp_H(mlp_H_row + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
               & e))) * mlp_H(mlp_H_row + e)
         end do
@@ -6482,7 +7989,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
-        do e = 8*((dff) / 8), dff - 1
+        do e = 16*((dff) / 16), dff - 1
           xu = 0.0_c_float
           !$omp simd reduction(+:xu)
           do c = 0, dm - 1
@@ -6497,12 +8004,12 @@ contains
     ! mlp.F.pack_Wd: reads Wd; scratch mlp_Wd_panel
     ! for c_tile (parallel) / e / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(e, lane, mlp_Wd_panel_row)
-    do c_tile = 0, ((dm) / 8) - 1
+    do c_tile = 0, ((dm) / 16) - 1
       do e = 0, dff - 1
-        mlp_Wd_panel_row = 8*c_tile*dff + 8*e
+        mlp_Wd_panel_row = 16*c_tile*dff + 16*e
         !$omp simd
-        do lane = 0, 7
-          mlp_Wd_panel(mlp_Wd_panel_row + lane) = Wd(8*c_tile + dm*e + lane)
+        do lane = 0, 15
+          mlp_Wd_panel(mlp_Wd_panel_row + lane) = Wd(16*c_tile + dm*e + lane)
         end do
       end do
     end do
@@ -6511,14 +8018,20 @@ contains
     ! for b, i_blk (parallel) / c_tile / i_tile / e (register tile)
     !$omp parallel do collapse(2) schedule(static) private(c_tile, i_tile, e, mlp_H_row0, &
     !$omp& mlp_H_row1, mlp_H_row2, mlp_H_row3, mlp_H_row4, mlp_H_row5, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
+    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, &
+    !$omp& acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, &
+    !$omp& acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, &
+    !$omp& acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
+    !$omp& acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, &
+    !$omp& acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, &
+    !$omp& acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, &
+    !$omp& acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, &
+    !$omp& acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
+    !$omp& acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, &
+    !$omp& acc_5_13, acc_5_14, acc_5_15)
     do b = 0, batch - 1
       do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
-        do c_tile = 0, ((dm) / 8) - 1
+        do c_tile = 0, ((dm) / 16) - 1
           do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
             mlp_H_row0 = dff*(b*n + min(6*i_tile, n - 1))
             mlp_H_row1 = dff*(b*n + min(n - 1, 6*i_tile + 1))
@@ -6534,6 +8047,14 @@ contains
             acc_0_5 = 0.0_c_float
             acc_0_6 = 0.0_c_float
             acc_0_7 = 0.0_c_float
+            acc_0_8 = 0.0_c_float
+            acc_0_9 = 0.0_c_float
+            acc_0_10 = 0.0_c_float
+            acc_0_11 = 0.0_c_float
+            acc_0_12 = 0.0_c_float
+            acc_0_13 = 0.0_c_float
+            acc_0_14 = 0.0_c_float
+            acc_0_15 = 0.0_c_float
             acc_1_0 = 0.0_c_float
             acc_1_1 = 0.0_c_float
             acc_1_2 = 0.0_c_float
@@ -6542,6 +8063,14 @@ contains
             acc_1_5 = 0.0_c_float
             acc_1_6 = 0.0_c_float
             acc_1_7 = 0.0_c_float
+            acc_1_8 = 0.0_c_float
+            acc_1_9 = 0.0_c_float
+            acc_1_10 = 0.0_c_float
+            acc_1_11 = 0.0_c_float
+            acc_1_12 = 0.0_c_float
+            acc_1_13 = 0.0_c_float
+            acc_1_14 = 0.0_c_float
+            acc_1_15 = 0.0_c_float
             acc_2_0 = 0.0_c_float
             acc_2_1 = 0.0_c_float
             acc_2_2 = 0.0_c_float
@@ -6550,6 +8079,14 @@ contains
             acc_2_5 = 0.0_c_float
             acc_2_6 = 0.0_c_float
             acc_2_7 = 0.0_c_float
+            acc_2_8 = 0.0_c_float
+            acc_2_9 = 0.0_c_float
+            acc_2_10 = 0.0_c_float
+            acc_2_11 = 0.0_c_float
+            acc_2_12 = 0.0_c_float
+            acc_2_13 = 0.0_c_float
+            acc_2_14 = 0.0_c_float
+            acc_2_15 = 0.0_c_float
             acc_3_0 = 0.0_c_float
             acc_3_1 = 0.0_c_float
             acc_3_2 = 0.0_c_float
@@ -6558,6 +8095,14 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_3_8 = 0.0_c_float
+            acc_3_9 = 0.0_c_float
+            acc_3_10 = 0.0_c_float
+            acc_3_11 = 0.0_c_float
+            acc_3_12 = 0.0_c_float
+            acc_3_13 = 0.0_c_float
+            acc_3_14 = 0.0_c_float
+            acc_3_15 = 0.0_c_float
             acc_4_0 = 0.0_c_float
             acc_4_1 = 0.0_c_float
             acc_4_2 = 0.0_c_float
@@ -6566,6 +8111,14 @@ contains
             acc_4_5 = 0.0_c_float
             acc_4_6 = 0.0_c_float
             acc_4_7 = 0.0_c_float
+            acc_4_8 = 0.0_c_float
+            acc_4_9 = 0.0_c_float
+            acc_4_10 = 0.0_c_float
+            acc_4_11 = 0.0_c_float
+            acc_4_12 = 0.0_c_float
+            acc_4_13 = 0.0_c_float
+            acc_4_14 = 0.0_c_float
+            acc_4_15 = 0.0_c_float
             acc_5_0 = 0.0_c_float
             acc_5_1 = 0.0_c_float
             acc_5_2 = 0.0_c_float
@@ -6574,105 +8127,209 @@ contains
             acc_5_5 = 0.0_c_float
             acc_5_6 = 0.0_c_float
             acc_5_7 = 0.0_c_float
+            acc_5_8 = 0.0_c_float
+            acc_5_9 = 0.0_c_float
+            acc_5_10 = 0.0_c_float
+            acc_5_11 = 0.0_c_float
+            acc_5_12 = 0.0_c_float
+            acc_5_13 = 0.0_c_float
+            acc_5_14 = 0.0_c_float
+            acc_5_15 = 0.0_c_float
             !GCC$ novector
             do e = 0, dff - 1
-              acc_0_0 = acc_0_0 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
-              acc_0_1 = acc_0_1 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-              acc_0_2 = acc_0_2 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-              acc_0_3 = acc_0_3 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-              acc_0_4 = acc_0_4 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-              acc_0_5 = acc_0_5 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-              acc_0_6 = acc_0_6 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-              acc_0_7 = acc_0_7 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-              acc_1_0 = acc_1_0 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
-              acc_1_1 = acc_1_1 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-              acc_1_2 = acc_1_2 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-              acc_1_3 = acc_1_3 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-              acc_1_4 = acc_1_4 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-              acc_1_5 = acc_1_5 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-              acc_1_6 = acc_1_6 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-              acc_1_7 = acc_1_7 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-              acc_2_0 = acc_2_0 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
-              acc_2_1 = acc_2_1 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-              acc_2_2 = acc_2_2 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-              acc_2_3 = acc_2_3 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-              acc_2_4 = acc_2_4 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-              acc_2_5 = acc_2_5 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-              acc_2_6 = acc_2_6 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-              acc_2_7 = acc_2_7 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-              acc_3_0 = acc_3_0 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
-              acc_3_1 = acc_3_1 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-              acc_3_2 = acc_3_2 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-              acc_3_3 = acc_3_3 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-              acc_3_4 = acc_3_4 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-              acc_3_5 = acc_3_5 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-              acc_3_6 = acc_3_6 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-              acc_3_7 = acc_3_7 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-              acc_4_0 = acc_4_0 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
-              acc_4_1 = acc_4_1 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-              acc_4_2 = acc_4_2 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-              acc_4_3 = acc_4_3 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-              acc_4_4 = acc_4_4 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-              acc_4_5 = acc_4_5 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-              acc_4_6 = acc_4_6 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-              acc_4_7 = acc_4_7 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
-              acc_5_0 = acc_5_0 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e)
-              acc_5_1 = acc_5_1 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
-              acc_5_2 = acc_5_2 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
-              acc_5_3 = acc_5_3 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
-              acc_5_4 = acc_5_4 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
-              acc_5_5 = acc_5_5 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
-              acc_5_6 = acc_5_6 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
-              acc_5_7 = acc_5_7 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+              acc_0_0 = acc_0_0 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e)
+              acc_0_1 = acc_0_1 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 1)
+              acc_0_2 = acc_0_2 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 2)
+              acc_0_3 = acc_0_3 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 3)
+              acc_0_4 = acc_0_4 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 4)
+              acc_0_5 = acc_0_5 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 5)
+              acc_0_6 = acc_0_6 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 6)
+              acc_0_7 = acc_0_7 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 7)
+              acc_0_8 = acc_0_8 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 8)
+              acc_0_9 = acc_0_9 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 9)
+              acc_0_10 = acc_0_10 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 10)
+              acc_0_11 = acc_0_11 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 11)
+              acc_0_12 = acc_0_12 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 12)
+              acc_0_13 = acc_0_13 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 13)
+              acc_0_14 = acc_0_14 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 14)
+              acc_0_15 = acc_0_15 + mlp_H(mlp_H_row0 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 15)
+              acc_1_0 = acc_1_0 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e)
+              acc_1_1 = acc_1_1 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 1)
+              acc_1_2 = acc_1_2 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 2)
+              acc_1_3 = acc_1_3 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 3)
+              acc_1_4 = acc_1_4 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 4)
+              acc_1_5 = acc_1_5 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 5)
+              acc_1_6 = acc_1_6 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 6)
+              acc_1_7 = acc_1_7 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 7)
+              acc_1_8 = acc_1_8 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 8)
+              acc_1_9 = acc_1_9 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 9)
+              acc_1_10 = acc_1_10 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 10)
+              acc_1_11 = acc_1_11 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 11)
+              acc_1_12 = acc_1_12 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 12)
+              acc_1_13 = acc_1_13 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 13)
+              acc_1_14 = acc_1_14 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 14)
+              acc_1_15 = acc_1_15 + mlp_H(mlp_H_row1 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 15)
+              acc_2_0 = acc_2_0 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e)
+              acc_2_1 = acc_2_1 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 1)
+              acc_2_2 = acc_2_2 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 2)
+              acc_2_3 = acc_2_3 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 3)
+              acc_2_4 = acc_2_4 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 4)
+              acc_2_5 = acc_2_5 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 5)
+              acc_2_6 = acc_2_6 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 6)
+              acc_2_7 = acc_2_7 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 7)
+              acc_2_8 = acc_2_8 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 8)
+              acc_2_9 = acc_2_9 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 9)
+              acc_2_10 = acc_2_10 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 10)
+              acc_2_11 = acc_2_11 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 11)
+              acc_2_12 = acc_2_12 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 12)
+              acc_2_13 = acc_2_13 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 13)
+              acc_2_14 = acc_2_14 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 14)
+              acc_2_15 = acc_2_15 + mlp_H(mlp_H_row2 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 15)
+              acc_3_0 = acc_3_0 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e)
+              acc_3_1 = acc_3_1 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 1)
+              acc_3_2 = acc_3_2 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 2)
+              acc_3_3 = acc_3_3 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 3)
+              acc_3_4 = acc_3_4 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 4)
+              acc_3_5 = acc_3_5 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 5)
+              acc_3_6 = acc_3_6 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 6)
+              acc_3_7 = acc_3_7 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 7)
+              acc_3_8 = acc_3_8 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 8)
+              acc_3_9 = acc_3_9 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 9)
+              acc_3_10 = acc_3_10 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 10)
+              acc_3_11 = acc_3_11 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 11)
+              acc_3_12 = acc_3_12 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 12)
+              acc_3_13 = acc_3_13 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 13)
+              acc_3_14 = acc_3_14 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 14)
+              acc_3_15 = acc_3_15 + mlp_H(mlp_H_row3 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 15)
+              acc_4_0 = acc_4_0 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e)
+              acc_4_1 = acc_4_1 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 1)
+              acc_4_2 = acc_4_2 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 2)
+              acc_4_3 = acc_4_3 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 3)
+              acc_4_4 = acc_4_4 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 4)
+              acc_4_5 = acc_4_5 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 5)
+              acc_4_6 = acc_4_6 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 6)
+              acc_4_7 = acc_4_7 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 7)
+              acc_4_8 = acc_4_8 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 8)
+              acc_4_9 = acc_4_9 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 9)
+              acc_4_10 = acc_4_10 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 10)
+              acc_4_11 = acc_4_11 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 11)
+              acc_4_12 = acc_4_12 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 12)
+              acc_4_13 = acc_4_13 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 13)
+              acc_4_14 = acc_4_14 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 14)
+              acc_4_15 = acc_4_15 + mlp_H(mlp_H_row4 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 15)
+              acc_5_0 = acc_5_0 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e)
+              acc_5_1 = acc_5_1 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 1)
+              acc_5_2 = acc_5_2 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 2)
+              acc_5_3 = acc_5_3 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 3)
+              acc_5_4 = acc_5_4 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 4)
+              acc_5_5 = acc_5_5 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 5)
+              acc_5_6 = acc_5_6 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 6)
+              acc_5_7 = acc_5_7 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 7)
+              acc_5_8 = acc_5_8 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 8)
+              acc_5_9 = acc_5_9 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 9)
+              acc_5_10 = acc_5_10 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 10)
+              acc_5_11 = acc_5_11 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 11)
+              acc_5_12 = acc_5_12 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 12)
+              acc_5_13 = acc_5_13 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 13)
+              acc_5_14 = acc_5_14 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 14)
+              acc_5_15 = acc_5_15 + mlp_H(mlp_H_row5 + e) * mlp_Wd_panel(16*c_tile*dff + 16*e + 15)
             end do
-            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
-            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
-            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 2) = acc_0_2
-            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 3) = acc_0_3
-            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 4) = acc_0_4
-            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 5) = acc_0_5
-            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 6) = acc_0_6
-            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 7) = acc_0_7
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1))) = acc_1_0
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2))) = acc_2_0
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3))) = acc_3_0
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4))) = acc_4_0
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5))) = acc_5_0
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
-            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 8) = acc_0_8
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 9) = acc_0_9
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 10) = acc_0_10
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 11) = acc_0_11
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 12) = acc_0_12
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 13) = acc_0_13
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 14) = acc_0_14
+            mlp_out(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 15) = acc_0_15
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8) = acc_1_8
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 9) = acc_1_9
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 10) = acc_1_10
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 11) = acc_1_11
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 12) = acc_1_12
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 13) = acc_1_13
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 14) = acc_1_14
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 15) = acc_1_15
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8) = acc_2_8
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 9) = acc_2_9
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 10) = acc_2_10
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 11) = acc_2_11
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 12) = acc_2_12
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 13) = acc_2_13
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 14) = acc_2_14
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 15) = acc_2_15
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8) = acc_3_8
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 9) = acc_3_9
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 10) = acc_3_10
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 11) = acc_3_11
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 12) = acc_3_12
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 13) = acc_3_13
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 14) = acc_3_14
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 15) = acc_3_15
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8) = acc_4_8
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 9) = acc_4_9
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 10) = acc_4_10
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 11) = acc_4_11
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 12) = acc_4_12
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 13) = acc_4_13
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 14) = acc_4_14
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 15) = acc_4_15
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8) = acc_5_8
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 9) = acc_5_9
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 10) = acc_5_10
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 11) = acc_5_11
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 12) = acc_5_12
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 13) = acc_5_13
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 14) = acc_5_14
+            mlp_out(16*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 15) = acc_5_15
           end do
         end do
       end do
@@ -6683,7 +8340,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c, e, hw)
     do b = 0, batch - 1
       do i = 0, n - 1
-        do c = 8*((dm) / 8), dm - 1
+        do c = 16*((dm) / 16), dm - 1
           hw = 0.0_c_float
           !$omp simd reduction(+:hw)
           do e = 0, dff - 1

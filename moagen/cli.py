@@ -38,6 +38,8 @@ def _parser():
     p.add_argument("--layout", choices=("row", "col"), default="row")
     p.add_argument("--target", choices=TARGET_KINDS, default="cpu",
                    help="the mapping and defaults the onf stage is for")
+    p.add_argument("--dtype", choices=DTYPES, default="float64",
+                   help="whose defaults the onf stage takes (float32 may have its own)")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    type=name_equals_integer, help="a schedule parameter (moagen list shows them)")
     p.add_argument("--upto", type=int, metavar="K",
@@ -103,10 +105,21 @@ def cmd_list(args):
 
 
 def _defaults_text(variant):
-    """ rows=4 keys=2 (the CPU's), with the CUDA defaults after where they differ."""
+    """ rows=4 lanes=16 (the CPU's for float64), then where others differ: the CPU's for
+    another dtype, (float32: lanes=32); the CUDA ones, (cuda: rows=4 lanes=8)."""
+    from moagen.onf.signature import DTYPES
     text = lambda params: "".join(f" {k}={v}" for k, v in params.items())
-    cpu, cuda = variant.defaults_for("cpu"), variant.defaults_for("cuda")
-    return text(cpu) + (f" (cuda:{text(cuda)})" if cuda != cpu else "")
+    cpu, notes = variant.defaults_for("cpu"), []
+    for target in ("cpu", "cuda"):
+        base = variant.defaults_for(target)
+        if base != cpu:
+            notes.append(f" ({target}:{text(base)})")
+        for dtype in DTYPES[1:]:
+            differ = {k: v for k, v in variant.defaults_for(target, dtype).items() if base[k] != v}
+            if differ:
+                notes.append(f" ({dtype if target == 'cpu' else f'{target} {dtype}'}:"
+                             f"{text(differ)})")
+    return text(cpu) + "".join(notes)
 
 
 def cmd_show(args):
@@ -124,10 +137,11 @@ def cmd_show(args):
         if args.upto is not None and args.upto < 0:
             raise UnknownNameError(f"--upto {args.upto}: give a number of steps, 0 or more")
         if not isinstance(kernel, CompositeKernel):
-            print(format_layers(variant.layers(params, args.target), args.target,
-                                variant.params(params, args.target), args.upto), end="")
-        print(format_onf(kernel.onf(args.variant, args.layout, params, args.target, args.upto)),
-              end="")
+            print(format_layers(variant.layers(params, args.target, args.dtype), args.target,
+                                variant.params(params, args.target, args.dtype), args.upto),
+                  end="")
+        print(format_onf(kernel.onf(args.variant, args.layout, params, args.target, args.upto,
+                                    args.dtype)), end="")
     elif isinstance(kernel, CompositeKernel):
         print(format_stages(kernel.composite, args.stage, get_kernel), end="")
     elif args.stage == "shape":

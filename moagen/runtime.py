@@ -24,14 +24,15 @@ def library(kernel: str, variant: str, lang: str, params=()):
 def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float64",
          params=None, tuned: bool = True) -> KernelCallable:
     """params: schedule parameters over the defaults of the language's target (a CPU's for
-    C and Fortran). None and tuned: on a CPU, this machine's `moagen tune` choice where the
-    tuning file (bench-results/tuning.json in the working directory) records one."""
+    C and Fortran) and the dtype. None and tuned: on a CPU, this machine's `moagen tune` choice
+    for the dtype where the tuning file (bench-results/tuning.json in the working directory)
+    records one; it replaces every default."""
     target = get_target(lang)
     if params is None and tuned and target.kind == "cpu":
         params = _tuned(kernel, get_kernel(kernel).variant(variant).name, lang, dtype)
-    onf = onf_of(kernel, variant, params=params, target=target.kind)
+    onf = onf_of(kernel, variant, params=params, target=target.kind, dtype=check_dtype(dtype))
     return target.bind(library(kernel, onf.variant, lang, param_pairs(params)),
-                       signature(onf, check_dtype(dtype)), get_kernel(kernel).validate)
+                       signature(onf, dtype), get_kernel(kernel).validate)
 
 
 def _tuned(kernel, variant, lang, dtype):

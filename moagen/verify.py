@@ -75,7 +75,7 @@ def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
     """Run one kernel variant on one set of sizes and compare with every reference."""
     label = " ".join(f"{k}={v}" for k, v in sizes.items())
     check = get_kernel(kernel).check
-    sig = signature(onf_of(kernel, variant, target=get_target(lang).kind), dtype)
+    sig = signature(onf_of(kernel, variant, target=get_target(lang).kind, dtype=dtype), dtype)
     try:
         fn = load(kernel, variant, lang, dtype)
     except DeviceUnavailable as why:

@@ -100,7 +100,7 @@ def inputs(kernel: str, sizes: dict, dtype: str, seed=0, empty=np.empty):
     from moagen.codegen.printer import signature
     from moagen.kernels import get_kernel
     from moagen.verify import make_inputs
-    sig = signature(onf_of(kernel), dtype)
+    sig = signature(onf_of(kernel, dtype=dtype), dtype)
     arrays = make_inputs(sig, sizes, scalars(kernel, sizes), get_kernel(kernel).check,
                          np.random.default_rng(seed))
     placed = [empty(a.shape, a.dtype) for a in arrays]

@@ -58,7 +58,7 @@ def search(kernel: str, variant: str, lang: str, dtype: str, n: int, repeats: in
     return dict(kernel=kernel, variant=variant, lang=lang, dtype=dtype, sizes=sizes,
                 overrides=cases.overridden(kernel, overrides),
                 threads=int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())),
-                params=best["params"], defaults=v.defaults_for("cpu"), candidates=times)
+                params=best["params"], defaults=v.defaults_for("cpu", dtype), candidates=times)
 
 
 def verify(kernel, variant, lang, dtype, params):
@@ -109,7 +109,7 @@ def chosen(choices: dict, kernel, variant, lang, dtype, overrides=None):
                                             for s in subsets) if key in choices), None)
     if not record:
         return None
-    if set(record["params"]) != set(get_kernel(kernel).variant(variant).defaults_for("cpu")):
+    if set(record["params"]) != set(get_kernel(kernel).variant(variant).defaults_for("cpu", dtype)):
         print(f"moagen: the tuned parameters of {kernel} {variant} {lang} {dtype} "
               f"({_format(record['params'])}) are not the variant's parameters now: "
               "running its defaults; run `moagen tune` again", file=sys.stderr)

@@ -72,7 +72,7 @@ def measure(kernel: str, variant: str, sizes: dict, dtype: str = "float64",
     if valgrind is None:
         raise CompilerNotFound(f"valgrind not found on PATH; install it with: {INSTALL_VALGRIND}")
     predict(kernel, variant).sizes_from(sizes)  # every size, and sizes the kernel accepts
-    onf = onf_of(kernel, variant)
+    onf = onf_of(kernel, variant, dtype=dtype)
     printer = CPrinter(onf, dtype)
     sig = printer.sig
     scalars = get_kernel(kernel).check.scalars(sizes)

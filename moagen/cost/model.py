@@ -106,7 +106,7 @@ def predict(kernel: str, variant: str = None, dtype: str = "float64", params=Non
 
 @lru_cache(maxsize=None)
 def _predict(kernel, variant, dtype, params) -> Cost:
-    onf = onf_of(kernel, variant, params=params)
+    onf = onf_of(kernel, variant, params=params, dtype=dtype)
     view = counting_view(onf)
     return Cost(kernel=onf.name, variant=onf.variant, dtype=check_dtype(dtype), sizes=onf.sizes,
                 ops=count_ops(view.nests), traffic=nest_traffic(view.nests),

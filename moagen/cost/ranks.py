@@ -169,7 +169,7 @@ def measured_rate(name, sizes, dtype="float64", lang="c", repeats=3) -> Tuple[fl
     if mapping.empty_when_zero:
         block[mapping.empty_when_zero] = block[mapping.lifted]
     kernel = get_kernel(mapping.local)
-    sig = signature(onf_of(mapping.local, mapping.variant), dtype)
+    sig = signature(onf_of(mapping.local, mapping.variant, dtype=dtype), dtype)
     local = {s.name: block[s.name] for s in sig.sizes}
     fn = runtime.load(mapping.local, mapping.variant, lang, dtype, tuned=False)
     scalars = call_scalars(mapping.local, local)

@@ -45,7 +45,8 @@ class KernelReport:
 def inspect(kernel: str, variant: str = None, dtype: str = "float64",
             archs: Tuple[str, ...] = CUDA_ARCHS):
     """One KernelReport per __global__ kernel of the variant's `dtype` launcher, per arch."""
-    onf = onf_of(kernel, variant, target=get_target("cuda").kind)  # the ONF emit prints
+    # the ONF emit prints for the dtype
+    onf = onf_of(kernel, variant, target=get_target("cuda").kind, dtype=dtype)
     names = [k["name"] for k in CudaPrinter(onf, dtype).kernels()]  # one per nest, in order
     source = emit(kernel, onf.variant, "cuda")
     reports = []

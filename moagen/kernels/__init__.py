@@ -3,8 +3,9 @@ it materializes and its steps in three layers (moagen.kernels.layers); or a comp
 registered kernels (the block).
 
 A variant's steps may have parameters (tile sizes, rows unrolled together): the module
-gives a Tunable, whose defaults per target kind are what generated/ holds (C and Fortran
-the CPU's, CUDA the GPU's) and whose space is what `moagen tune` searches on a machine.
+gives a Tunable, whose defaults per target kind and dtype are what generated/ holds (C and
+Fortran the CPU's, CUDA the GPU's; float32 may have its own) and whose space is what
+`moagen tune` searches on a machine.
 
 Each module also declares what its kernels are verified and measured on (CHECKS and BENCH,
 moagen.kernels.cases): every registered kernel has both."""
@@ -20,6 +21,7 @@ from moagen.kernels.compose import Composite, compose
 from moagen.kernels.layers import DEFAULTS_OF, Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.spec import KernelSpec
+from moagen.onf.signature import check_dtype
 
 
 @dataclass(frozen=True)
@@ -27,22 +29,22 @@ class Variant:
     name: str
     materialize: FrozenSet[str]
     build: Callable[..., Tuple]
-    # the parameters' defaults per target kind ("cpu", "cuda"): what is fast there
-    defaults: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # the parameters' defaults per target kind ("cpu", "cuda") and dtype: what is fast there
+    defaults: Mapping[str, Mapping[str, Mapping[str, int]]] = field(default_factory=dict)
     space: Mapping[str, Tuple[int, ...]] = field(default_factory=dict)
 
-    def defaults_for(self, target: str = "cpu") -> Dict[str, int]:
-        target = DEFAULTS_OF.get(target, target)
+    def defaults_for(self, target: str = "cpu", dtype: str = "float64") -> Dict[str, int]:
+        target, dtype = DEFAULTS_OF.get(target, target), check_dtype(dtype)
         if target not in self.defaults and self.defaults:
             raise UnknownNameError(f"variant {self.name} has no defaults for target {target!r}; "
                                    f"it has {', '.join(self.defaults)}")
-        return dict(self.defaults.get(target, {}))
+        return dict(self.defaults.get(target, {}).get(dtype, {}))
 
-    def params(self, chosen=None, target: str = "cpu") -> Dict[str, int]:
-        """The target's defaults with `chosen` (a mapping or pairs) over them; unknown names
-        are an error."""
+    def params(self, chosen=None, target: str = "cpu", dtype: str = "float64") -> Dict[str, int]:
+        """The defaults of the target and dtype with `chosen` (a mapping or pairs) over them;
+        unknown names are an error."""
         chosen = dict(chosen or {})
-        defaults = self.defaults_for(target)
+        defaults = self.defaults_for(target, dtype)
         unknown = set(chosen) - set(defaults)
         if unknown:
             raise UnknownNameError(f"variant {self.name} has no schedule parameter "
@@ -50,12 +52,12 @@ class Variant:
                                    f"{', '.join(defaults) or '(none)'}")
         return {**defaults, **chosen}
 
-    def layers(self, params=None, target: str = "cpu") -> Layers:
-        return self.build(**self.params(params, target))
+    def layers(self, params=None, target: str = "cpu", dtype: str = "float64") -> Layers:
+        return self.build(**self.params(params, target, dtype))
 
-    def steps(self, params=None, target: str = "cpu") -> Tuple:
+    def steps(self, params=None, target: str = "cpu", dtype: str = "float64") -> Tuple:
         """Every step for the target: its algorithm, loop schedule and mapping."""
-        return self.layers(params, target).steps(target)
+        return self.layers(params, target, dtype).steps(target)
 
 
 class _Variants:
@@ -91,11 +93,13 @@ class Kernel(_Variants):
         from moagen.moa.dnf import psi_reduce
         return psi_reduce(self.spec, self.variant(variant).materialize)
 
-    def onf(self, variant=None, layout="row", params=None, target="cpu", upto=None):
-        """The final ONF for a target kind; upto = K: the ONF after its first K steps."""
+    def onf(self, variant=None, layout="row", params=None, target="cpu", upto=None,
+            dtype="float64"):
+        """The final ONF for a target kind, with the dtype's defaults under `params`;
+        upto = K: the ONF after its first K steps."""
         from moagen.onf.realize import realize
         v = self.variant(variant)
-        return realize(self.dnf(variant), v.name, v.steps(params, target), layout, upto)
+        return realize(self.dnf(variant), v.name, v.steps(params, target, dtype), layout, upto)
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,9 @@ class CompositeKernel(_Variants):
     def variants(self):
         return {"composed": Variant("composed", frozenset(), lambda: Layers(mapping=cpu()))}
 
-    def onf(self, variant=None, layout="row", params=None, target="cpu", upto=None):
+    def onf(self, variant=None, layout="row", params=None, target="cpu", upto=None,
+            dtype="float64"):
+        """The stages' ONFs composed, each with its own defaults for the dtype."""
         from moagen.pipeline import onf_of
         self.variant(variant).params(params)  # a composite has none
         if upto is not None:
@@ -123,7 +129,7 @@ class CompositeKernel(_Variants):
                                    "a stage kernel's steps instead")
         if layout != "row":
             raise UnknownNameError(f"{self.name}: composites are emitted row-major only")
-        return compose(self.composite, partial(onf_of, target=target))
+        return compose(self.composite, partial(onf_of, target=target, dtype=dtype))
 
 
 def _kernel(module, spec, variants, validate=None):

@@ -110,7 +110,10 @@ VARIANTS = {
                      defaults={"rows": 8, "lanes": 16, "block": KEY_BLOCK},
                      space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32),
                             "block": (64, 128, 256)},
-                     cuda={"rows": 4, "lanes": 8}),
+                     cuda={"rows": 4, "lanes": 8},
+                     # two vector registers of keys either way: 16 float64, 32 float32
+                     # lanes (docs/PERFORMANCE.md, per-dtype defaults)
+                     dtypes={"float32": {"lanes": 32}}),
 }
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

@@ -141,10 +141,14 @@ def _tiled(nests, mr, nr, row_block):
 # defaults stay as they were, on every target
 TILE_DEFAULTS = {"mr": 6, "nr": 8, "row_block": 96}
 TILE_SPACE = {"mr": (4, 6, 8), "nr": (8, 16), "row_block": (0, 96)}
+# float32: a row of the tile in as many vector registers as float64's 8 columns take, so
+# 16 columns (1.2-1.6x in mlp_fwd and mlp_bwd; docs/PERFORMANCE.md, per-dtype defaults)
+TILE_DTYPE_DEFAULTS = {"float32": {"nr": 16}}
 
 
 def _tunable(temps, nests):
-    return Tunable(temps, lambda **params: _tiled(nests, **params), TILE_DEFAULTS, TILE_SPACE)
+    return Tunable(temps, lambda **params: _tiled(nests, **params), TILE_DEFAULTS, TILE_SPACE,
+                   dtypes=TILE_DTYPE_DEFAULTS)
 
 
 FORWARD_VARIANTS = {

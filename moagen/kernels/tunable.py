@@ -1,6 +1,11 @@
 """A schedule with parameters, as a kernel module lists it among its variants."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Mapping, Optional, Tuple
+
+from moagen.errors import SpecError
+from moagen.onf.signature import DTYPES
+
+Params = Mapping[str, int]
 
 
 @dataclass(frozen=True)
@@ -8,12 +13,33 @@ class Tunable:
     """build(**params) gives the transforms; the defaults are what generated/ holds, the
     space the candidates of each parameter `moagen tune` tries on a machine. `defaults` are
     the CPU's (what the tuner picks on the development machines); `cuda` overrides some of
-    them for a GPU, where one thread runs what a CPU core runs in a loop."""
+    them for a GPU, where one thread runs what a CPU core runs in a loop. `dtypes` overrides
+    some of the CPU's for one dtype (a vector register holds twice as many float32 lanes as
+    float64 ones), `cuda_dtypes` some of the GPU's; unnamed dtypes take the target's own."""
     materialize: FrozenSet[str]
     build: Callable[..., Tuple]
-    defaults: Mapping[str, int]
+    defaults: Params
     space: Mapping[str, Tuple[int, ...]]
-    cuda: Optional[Mapping[str, int]] = None
+    cuda: Optional[Params] = None
+    dtypes: Mapping[str, Params] = field(default_factory=dict)
+    cuda_dtypes: Mapping[str, Params] = field(default_factory=dict)
 
-    def per_target(self) -> Dict[str, Dict[str, int]]:
-        return {"cpu": dict(self.defaults), "cuda": {**self.defaults, **(self.cuda or {})}}
+    def __post_init__(self):
+        for what, overrides in (("dtypes", self.dtypes), ("cuda_dtypes", self.cuda_dtypes)):
+            unknown = set(overrides) - set(DTYPES)
+            if unknown:
+                raise SpecError(f"Tunable {what} names unknown dtype "
+                                f"{', '.join(sorted(unknown))}; expected {', '.join(DTYPES)}")
+        for what, params in (("cuda", self.cuda or {}),
+                             *((f"dtypes[{d!r}]", p) for d, p in self.dtypes.items()),
+                             *((f"cuda_dtypes[{d!r}]", p) for d, p in self.cuda_dtypes.items())):
+            unknown = set(params) - set(self.defaults)
+            if unknown:
+                raise SpecError(f"Tunable {what} sets {', '.join(sorted(unknown))}, not among "
+                                f"its parameters {', '.join(self.defaults) or '(none)'}")
+
+    def per_target(self) -> Dict[str, Dict[str, Dict[str, int]]]:
+        """target kind -> dtype -> every parameter's default."""
+        gpu = {**self.defaults, **(self.cuda or {})}
+        return {"cpu": {d: {**self.defaults, **self.dtypes.get(d, {})} for d in DTYPES},
+                "cuda": {d: {**gpu, **self.cuda_dtypes.get(d, {})} for d in DTYPES}}

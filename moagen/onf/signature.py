@@ -17,9 +17,17 @@ from typing import Tuple
 
 import sympy
 
+from moagen.errors import UnknownNameError
+
 DTYPES = ("float64", "float32")
 DTYPE_SUFFIX = {"float64": "f64", "float32": "f32"}
 LAYOUTS = ("row", "col")
+
+
+def check_dtype(dtype):
+    if dtype not in DTYPES:
+        raise UnknownNameError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    return dtype
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ def measure(comm, name, sizes, lang="c", dtype="float64", repeats=5) -> dict:
         raise SizeError(f"{name}: {mapping.lifted} = {sizes[mapping.lifted]} is not a multiple of "
                         f"{ranks} ranks")
     block = block_sizes(mapping, sizes, ranks)
-    sig = signature(onf_of(mapping.local, mapping.variant), dtype)
+    sig = signature(onf_of(mapping.local, mapping.variant, dtype=dtype), dtype)
     scalars = call_scalars(mapping.local, block)
     rng = np.random.default_rng(comm.Get_rank())
     inputs = make_inputs(sig, block, scalars, get_kernel(mapping.local).check, rng)

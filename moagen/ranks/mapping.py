@@ -84,10 +84,10 @@ class RankMapping:
         return f"{self.name}_{self.variant}"
 
     def local_signature(self, dtype):
-        return signature(onf_of(self.local, self.variant), dtype)
+        return signature(onf_of(self.local, self.variant, dtype=dtype), dtype)
 
     def diagonal_signature(self, dtype):
-        return signature(onf_of(self.diagonal, self.variant), dtype)
+        return signature(onf_of(self.diagonal, self.variant, dtype=dtype), dtype)
 
     def merge_signature(self, dtype):
         return signature(merge_onf(), dtype)
