@@ -1,7 +1,7 @@
 """The chain rule over a composite: a forward composite's backward, derived from its stages
 (reverse mode at the level of kernels, as moagen.moa.grad is at the level of a spec).
 
-Each stage kernel declares its backward (`backward(...)`, in its module's BACKWARD table):
+Each stage kernel declares its backward (`backward(...)`, in its module's CHAIN table):
 the kernel computing its vector-Jacobian product, which reads the stage's arrays by the
 forward kernel's own names, the cotangent of an output Y as dY, and writes the gradient of
 an input X as dX; an input whose gradient is an output's cotangent as it is (a residual,
@@ -10,7 +10,7 @@ recomputes cheaply from what it keeps (RMSNorm's z from x and the kept statistic
 
 `vjp` walks the forward's stages in reverse. A stage's output cotangents are complete when
 it is reached (everything that read the output came after it): their terms are summed by
-`add` stages, one per extra term. Each array the backward reads of the forward is an
+`sum_<array>` stages of the adder (`summing`), one per extra term. Each array the backward reads of the forward is an
 input of the forward, recomputed where its kernel can, or else kept: the derived backward's
 inputs are the forward's, the kept arrays (in the order the forward makes them) and the
 cotangents of the forward's outputs; it returns the gradient of every forward input.
@@ -25,7 +25,6 @@ from moagen.errors import SpecError
 from moagen.kernels.compose import Composite, Stage
 from moagen.moa import expr as E
 from moagen.moa.spec import KernelSpec
-
 
 SUM, RECOMPUTE = "sum_", "_recompute"  # how the stages that are not a backward are labelled
 
