@@ -269,13 +269,17 @@ def _merge_lane_loops(offset, loops: Bounds):
     """A tile loop t over [0, S) and a lane loop l over [0, T) used as T*t + l (a panel's
     copy, a causal row tile's periods) -> one loop over [0, T*S): the same region as an
     untiled loop's."""
+    lanes = [(w, w_stop) for w, w_start, w_stop in loops
+             if w_start == 0 and w_stop.is_Integer and w_stop >= 2 and w in offset.free_symbols]
+    if not lanes:
+        return offset, loops
+    strides = {w: _stride(offset, w) for w, _ in lanes}
     for v, start, stop in loops:
-        step = sympy.expand(sympy.diff(offset, v))
-        if start != 0 or step == 0:
+        if start != 0 or v not in offset.free_symbols:
             continue
-        for w, w_start, w_stop in loops:
-            if w != v and w_start == 0 and w_stop.is_Integer and w_stop >= 2 and \
-                    sympy.expand(sympy.diff(offset, w) * w_stop - step) == 0:
+        step = _stride(offset, v)
+        for w, w_stop in lanes:
+            if w != v and sympy.expand(strides[w] * w_stop - step) == 0:
                 merged = sympy.Symbol(f"{v}_{w}", integer=True)
                 lane = step / w_stop
                 offset = sympy.expand(offset - step * v - lane * w + lane * merged)
@@ -304,12 +308,12 @@ def _tile_lane(offset, loops: Bounds):
             quotient, lane = divided
             return (offset.xreplace({quotient: idiv(merged, quotient.args[1])}), merged_loops,
                     lane, int(count))
-        step = sympy.expand(sympy.diff(offset, v))
+        step = _stride(offset, v)
         if step == 0 or step.free_symbols & {w for w, _, _ in loops}:
             continue
         stride = step / count
         rest = sympy.expand(offset - step * v)
-        if any(sympy.diff(rest, w) == stride for w, _, _ in loops if w != v):
+        if any(_stride(rest, w) == stride for w, _, _ in loops if w != v):
             continue  # the lanes are a loop (a panel's copy), counted as loops are
         lane = sum((t for t in sympy.Add.make_args(rest) if (t / stride).is_Integer),
                    sympy.Integer(0))
@@ -344,10 +348,16 @@ def _extreme(bound, side, loops: Bounds, used):
 def _canonical(offset, chain: Bounds):
     """The region with its loop variables renamed in order of their stride in the offset,
     so that the same region reached by differently named or ordered loops has one key."""
-    order = sorted(chain, key=lambda b: (str(sympy.diff(offset, b[0])), str(b[1]), str(b[2])))
+    order = sorted(chain, key=lambda b: (str(_stride(offset, b[0])), str(b[1]), str(b[2])))
     names = {v: sympy.Symbol(f"_r{k}", integer=True) for k, (v, _, _) in enumerate(order)}
     return (sympy.expand(offset.xreplace(names)),
             frozenset((names[v], s.xreplace(names), e.xreplace(names)) for v, s, e in chain))
+
+
+@lru_cache(maxsize=None)
+def _stride(offset, var) -> sympy.Expr:
+    """d offset / d var, expanded (cached: every region asks it of its loops)."""
+    return sympy.expand(sympy.diff(offset, var))
 
 
 @lru_cache(maxsize=None)
