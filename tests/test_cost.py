@@ -132,14 +132,17 @@ def test_model_counts_what_every_iteration_does(kernel, variant):
     assert set(cost.traffic) == set(read) | set(written)
 
 
-@pytest.mark.parametrize("kernel, sizes", [
-    ("attention_fwd", dict(batch=1, heads=1, n=64, d=16)),
+@pytest.mark.parametrize("kernel, params, sizes", [
+    ("attention_fwd", None, dict(batch=1, heads=1, n=64, d=16)),
     # two key blocks: the causal tiles' blocks below the diagonal, unmasked, and on it
-    ("attention_fwd_causal", dict(batch=1, heads=1, n=128, d=16))])
-def test_model_counts_the_flash_form_but_its_score_row(kernel, sizes):
-    cost = model.predict(kernel, "flash")
+    ("attention_fwd_causal", None, dict(batch=1, heads=1, n=128, d=16)),
+    # tiles of 6 rows across the blocks of 64 keys: periods of 192 rows
+    ("attention_fwd_causal", {"rows": 6, "lanes": 8}, dict(batch=1, heads=1, n=192, d=8))])
+def test_model_counts_the_flash_form_but_its_score_row(kernel, params, sizes):
+    cost = model.predict(kernel, "flash", params=params)
     env = cost.sizes_from(sizes)
-    ops, (read, written), (min_read, min_written) = brute_force(onf_of(kernel, "flash"), sizes)
+    ops, (read, written), (min_read, min_written) = brute_force(
+        onf_of(kernel, "flash", params=params), sizes)
     assert {op: model.value(n, env) for op, n in cost.ops.items()} == dict(ops)
     for array, moved in cost.traffic.items():
         assert model.value(moved.read, env) == read[array], array
@@ -153,8 +156,8 @@ def test_model_counts_the_flash_form_but_its_score_row(kernel, sizes):
 
 def test_bounds_dividing_a_tile_index_are_summed_by_periods():
     """Key blocks of a causal tile of 6 rows, [idiv(6 t + 1, 64), idiv(6 t + 7, 64) + 1):
-    the counting view cuts t into periods of 32 tiles (192 rows), in runs with the same
-    quotients, and the count is a closed form, equal to the iterations walked."""
+    the counting view cuts t into periods of 32 tiles (192 rows), in which the bounds are
+    linear, and the count is a closed form, equal to the iterations walked."""
     t, j = sym("t"), sym("j")
     blocks = Loop(j, idiv(6 * t + 1, 64), idiv(6 * t + 7, 64) + 1, (Store("x", (j,), S.Num(0.0)),))
     onf = ONF("blocks", "test", (), (Buffer("x", (N,)),), (), (N,), (),

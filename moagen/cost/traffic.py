@@ -165,9 +165,10 @@ def working_set(nests) -> Tuple[sympy.Expr, ...]:
     for nest in nests:
         if _siblings_share(nest.body):
             sets.append(_touched(list(accesses(nest.body))))
-        # an iteration inside loops whose bounds move with outer loops (a causal row tile's
-        # key blocks): the largest, at the outer loops' last iteration
-        sets += [_extreme(_touched(list(accesses(loop.body))), "hi", outer, ())
+        # an iteration whose loops' bounds move with the loops around (a causal row tile's
+        # key blocks): the largest, the last
+        sets += [_extreme(_touched(list(accesses(loop.body))), "hi",
+                          outer + ((loop.var, loop.start, loop.stop),), ())
                  for loop, outer in _reusing_loops(nest.body)]
     return tuple(dict.fromkeys(sympy.factor(s) for s in sets))
 

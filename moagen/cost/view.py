@@ -10,10 +10,10 @@ needed are returned, to be printed with its cost.
 
 A loop whose inner bounds divide its variable (the key blocks a causal row tile sees,
 idiv(8*i_tile + 7, 64)) is cut into periods: i_tile = 8*t + r, r in [0, 8), where
-8*i_tile + 7 = 64*t + 8*r + 7 and the quotient is t plus a number for each r. The runs of r
-with the same numbers become loops of their own, and the bounds inside are linear in t
-(assuming the period divides the loop's count: 64 divides n). Without the cut sympy leaves
-the sums over such bounds unevaluated, after minutes of trying.
+8*i_tile + 7 = 64*t + 8*r + 7 and the quotient is t + idiv(8*r + 7, 64): linear in t, a
+number at each r, whose few values the count adds one by one (assuming the period divides
+the loop's count: 64 divides n). Without the cut sympy leaves the sums over such bounds
+unevaluated, after minutes of trying.
 """
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -133,11 +133,11 @@ def _map_offsets(e, fn):
 
 
 def _periods(loop: Loop, sizes):
-    """(the loop cut into periods, what that assumes) where the bounds of the loops inside
-    divide its variable v, all as idiv(a*v + b, q) with a, b, q whole numbers; else None.
+    """(the loop cut into periods, what that assumes) where the loop runs over a number of
+    iterations given by the sizes and the bounds of the loops inside divide its variable v,
+    all as idiv(a*v + b, q) with a, b, q whole numbers; else None.
     With g the period (a*g a multiple of every q) and v = g*t + r, idiv(a*v + b, q) is
-    (a*g/q)*t + (a*r + b) // q: each run of r in [0, g) with the same quotients is one loop,
-    in which the bounds are linear in t."""
+    (a*g/q)*t + idiv(a*r + b, q): linear in t, and a number at each r of [0, g)."""
     v = loop.var
     divisions = {d for s in walk(loop.body) if isinstance(s, Loop)
                  for d in (s.start.atoms(idiv) | s.stop.atoms(idiv)) if v in d.free_symbols}
@@ -149,25 +149,14 @@ def _periods(loop: Loop, sizes):
         a, b = numerator.coeff(v), numerator.subs(v, 0)
         if not (a.is_Integer and b.is_Integer and q.is_Integer and a > 0 and q > 0):
             return None
-        forms[d] = (int(a), int(b), int(q))
-    g = lcm(*(q // gcd(a, q) for a, _, q in forms.values()))
+        forms[d] = (a, b, q)
+    g = lcm(*(int(q) // gcd(int(a), int(q)) for a, _, q in forms.values()))
     tiles, count = sympy.fraction(sympy.together(loop.stop))
-    if not (count.is_Integer and tiles.free_symbols <= sizes):
-        return None
-    if tiles.is_Integer and tiles % (g * count):
-        return None  # a fixed count that is no whole number of periods
-    assumption = f"{g * count} divides {tiles}" if g > 1 and not tiles.is_Integer else None
+    if not (count.is_Integer and tiles.free_symbols and tiles.free_symbols <= sizes):
+        return None  # a fixed number of iterations is counted one by one (the phases)
+    assumption = f"{g * count} divides {tiles}" if g > 1 else None
     t, r = sympy.Dummy(f"{v}_period", integer=True), sympy.Dummy(f"{v}_phase", integer=True)
-    quotients = lambda phase: tuple((a * phase + b) // q for a, b, q in forms.values())
-    runs = []  # [first phase, last phase + 1, the quotients there]
-    for phase in range(g):
-        if runs and runs[-1][2] == quotients(phase):
-            runs[-1][1] = phase + 1
-        else:
-            runs.append([phase, phase + 1, quotients(phase)])
-    bodies = []
-    for first, end, numbers in runs:
-        at = {d: a * g // q * t + k for (d, (a, _, q)), k in zip(forms.items(), numbers)}
-        body = subs_stmts(loop.body, {**at, v: g * t + r})
-        bodies.append(Loop(r, sympy.Integer(first), sympy.Integer(end), body))
-    return replace(loop, var=t, stop=loop.stop / g, body=tuple(bodies)), assumption
+    at = {d: a * g / q * t + idiv(a * r + b, q) for d, (a, b, q) in forms.items()}
+    body = subs_stmts(loop.body, {**at, v: g * t + r})
+    phases = Loop(r, sympy.Integer(0), sympy.Integer(g), body)
+    return replace(loop, var=t, stop=loop.stop / g, body=(phases,)), assumption
