@@ -17,7 +17,7 @@ def executions(stmts, predicate, multiplier=sympy.Integer(1)) -> Dict[str, sympy
             inner = executions(s.body, predicate)
             for key, count in inner.items():
                 if s.var in count.free_symbols and _term_by_term(count, s):
-                    # a few numbers each dividing the variable (a causal tile's phases)
+                    # a causal tile's phases: a few iterations, each a whole division
                     total = sum(count.xreplace({s.var: k}) for k in range(s.start, s.stop))
                 elif s.var in count.free_symbols:
                     total = sympy.summation(count, (s.var, s.start, s.stop - 1))
