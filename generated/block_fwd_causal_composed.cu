@@ -1274,7 +1274,7 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
     double row_sum_1 = 0.0;
     double row_sum_2 = 0.0;
     double row_sum_3 = 0.0;
-    for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int64_t j_blk = 0; j_blk < ((4*i_tile + 1) / 64); ++j_blk) {
         for (int64_t j_tile = 8*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); ++j_tile) {
             double qk_0_0 = 0.0;
             double qk_0_1 = 0.0;
@@ -1342,38 +1342,38 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
                 qk_3_6 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = (4*i_tile >= 8*j_tile ? scale * qk_0_0 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = (4*i_tile >= 8*j_tile + 1 ? scale * qk_0_1 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = (4*i_tile >= 8*j_tile + 2 ? scale * qk_0_2 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = (4*i_tile >= 8*j_tile + 3 ? scale * qk_0_3 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = (4*i_tile >= 8*j_tile + 4 ? scale * qk_0_4 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = (4*i_tile >= 8*j_tile + 5 ? scale * qk_0_5 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = (4*i_tile >= 8*j_tile + 6 ? scale * qk_0_6 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = (4*i_tile >= 8*j_tile + 7 ? scale * qk_0_7 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= 8*j_tile ? scale * qk_1_0 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = (4*i_tile + 1 >= 8*j_tile + 1 ? scale * qk_1_1 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = (4*i_tile + 1 >= 8*j_tile + 2 ? scale * qk_1_2 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = (4*i_tile + 1 >= 8*j_tile + 3 ? scale * qk_1_3 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = (4*i_tile + 1 >= 8*j_tile + 4 ? scale * qk_1_4 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = (4*i_tile + 1 >= 8*j_tile + 5 ? scale * qk_1_5 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = (4*i_tile + 1 >= 8*j_tile + 6 ? scale * qk_1_6 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = (4*i_tile + 1 >= 8*j_tile + 7 ? scale * qk_1_7 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= 8*j_tile ? scale * qk_2_0 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = (4*i_tile + 2 >= 8*j_tile + 1 ? scale * qk_2_1 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = (4*i_tile + 2 >= 8*j_tile + 2 ? scale * qk_2_2 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = (4*i_tile + 2 >= 8*j_tile + 3 ? scale * qk_2_3 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = (4*i_tile + 2 >= 8*j_tile + 4 ? scale * qk_2_4 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = (4*i_tile + 2 >= 8*j_tile + 5 ? scale * qk_2_5 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = (4*i_tile + 2 >= 8*j_tile + 6 ? scale * qk_2_6 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = (4*i_tile + 2 >= 8*j_tile + 7 ? scale * qk_2_7 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= 8*j_tile ? scale * qk_3_0 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = (4*i_tile + 3 >= 8*j_tile + 1 ? scale * qk_3_1 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = (4*i_tile + 3 >= 8*j_tile + 2 ? scale * qk_3_2 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = (4*i_tile + 3 >= 8*j_tile + 3 ? scale * qk_3_3 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = (4*i_tile + 3 >= 8*j_tile + 4 ? scale * qk_3_4 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = (4*i_tile + 3 >= 8*j_tile + 5 ? scale * qk_3_5 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = (4*i_tile + 3 >= 8*j_tile + 6 ? scale * qk_3_6 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = (4*i_tile + 3 >= 8*j_tile + 7 ? scale * qk_3_7 : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
@@ -1387,10 +1387,10 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
                 qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
         }
         double block_max_0 = -INFINITY;
         double block_max_1 = -INFINITY;
@@ -1554,6 +1554,286 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
         row_max_2 = new_max_2;
         row_max_3 = new_max_3;
     }
+    for (int64_t j_blk = ((4*i_tile + 1) / 64); j_blk < (((n + 63) / 64) < ((4*i_tile + 3) / 64) + 1 ? ((n + 63) / 64) : ((4*i_tile + 3) / 64) + 1); ++j_blk) {
+        for (int64_t j_tile = 8*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); ++j_tile) {
+            double qk_0_0b = 0.0;
+            double qk_0_1b = 0.0;
+            double qk_0_2b = 0.0;
+            double qk_0_3b = 0.0;
+            double qk_0_4b = 0.0;
+            double qk_0_5b = 0.0;
+            double qk_0_6b = 0.0;
+            double qk_0_7b = 0.0;
+            double qk_1_0b = 0.0;
+            double qk_1_1b = 0.0;
+            double qk_1_2b = 0.0;
+            double qk_1_3b = 0.0;
+            double qk_1_4b = 0.0;
+            double qk_1_5b = 0.0;
+            double qk_1_6b = 0.0;
+            double qk_1_7b = 0.0;
+            double qk_2_0b = 0.0;
+            double qk_2_1b = 0.0;
+            double qk_2_2b = 0.0;
+            double qk_2_3b = 0.0;
+            double qk_2_4b = 0.0;
+            double qk_2_5b = 0.0;
+            double qk_2_6b = 0.0;
+            double qk_2_7b = 0.0;
+            double qk_3_0b = 0.0;
+            double qk_3_1b = 0.0;
+            double qk_3_2b = 0.0;
+            double qk_3_3b = 0.0;
+            double qk_3_4b = 0.0;
+            double qk_3_5b = 0.0;
+            double qk_3_6b = 0.0;
+            double qk_3_7b = 0.0;
+            for (int64_t c = 0; c < dh; ++c) {
+                qk_0_0b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8))];
+                qk_0_1b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1];
+                qk_0_2b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2];
+                qk_0_3b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3];
+                qk_0_4b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4];
+                qk_0_5b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5];
+                qk_0_6b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
+                qk_0_7b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
+                qk_1_0b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8))];
+                qk_1_1b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1];
+                qk_1_2b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2];
+                qk_1_3b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3];
+                qk_1_4b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4];
+                qk_1_5b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5];
+                qk_1_6b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
+                qk_1_7b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
+                qk_2_0b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8))];
+                qk_2_1b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1];
+                qk_2_2b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2];
+                qk_2_3b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3];
+                qk_2_4b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4];
+                qk_2_5b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5];
+                qk_2_6b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
+                qk_2_7b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
+                qk_3_0b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8))];
+                qk_3_1b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1];
+                qk_3_2b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2];
+                qk_3_3b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3];
+                qk_3_4b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4];
+                qk_3_5b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5];
+                qk_3_6b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
+                qk_3_7b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
+            }
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = (4*i_tile >= 8*j_tile ? scale * qk_0_0b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = (4*i_tile >= 8*j_tile + 1 ? scale * qk_0_1b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = (4*i_tile >= 8*j_tile + 2 ? scale * qk_0_2b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = (4*i_tile >= 8*j_tile + 3 ? scale * qk_0_3b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = (4*i_tile >= 8*j_tile + 4 ? scale * qk_0_4b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = (4*i_tile >= 8*j_tile + 5 ? scale * qk_0_5b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = (4*i_tile >= 8*j_tile + 6 ? scale * qk_0_6b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = (4*i_tile >= 8*j_tile + 7 ? scale * qk_0_7b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= 8*j_tile ? scale * qk_1_0b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = (4*i_tile + 1 >= 8*j_tile + 1 ? scale * qk_1_1b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = (4*i_tile + 1 >= 8*j_tile + 2 ? scale * qk_1_2b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = (4*i_tile + 1 >= 8*j_tile + 3 ? scale * qk_1_3b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = (4*i_tile + 1 >= 8*j_tile + 4 ? scale * qk_1_4b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = (4*i_tile + 1 >= 8*j_tile + 5 ? scale * qk_1_5b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = (4*i_tile + 1 >= 8*j_tile + 6 ? scale * qk_1_6b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = (4*i_tile + 1 >= 8*j_tile + 7 ? scale * qk_1_7b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= 8*j_tile ? scale * qk_2_0b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = (4*i_tile + 2 >= 8*j_tile + 1 ? scale * qk_2_1b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = (4*i_tile + 2 >= 8*j_tile + 2 ? scale * qk_2_2b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = (4*i_tile + 2 >= 8*j_tile + 3 ? scale * qk_2_3b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = (4*i_tile + 2 >= 8*j_tile + 4 ? scale * qk_2_4b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = (4*i_tile + 2 >= 8*j_tile + 5 ? scale * qk_2_5b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = (4*i_tile + 2 >= 8*j_tile + 6 ? scale * qk_2_6b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = (4*i_tile + 2 >= 8*j_tile + 7 ? scale * qk_2_7b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= 8*j_tile ? scale * qk_3_0b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = (4*i_tile + 3 >= 8*j_tile + 1 ? scale * qk_3_1b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = (4*i_tile + 3 >= 8*j_tile + 2 ? scale * qk_3_2b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = (4*i_tile + 3 >= 8*j_tile + 3 ? scale * qk_3_3b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = (4*i_tile + 3 >= 8*j_tile + 4 ? scale * qk_3_4b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = (4*i_tile + 3 >= 8*j_tile + 5 ? scale * qk_3_5b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = (4*i_tile + 3 >= 8*j_tile + 6 ? scale * qk_3_6b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = (4*i_tile + 3 >= 8*j_tile + 7 ? scale * qk_3_7b : -INFINITY);
+        }
+        for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = dh*(j + n*(b*heads + h));
+            double qk_0 = 0.0;
+            double qk_1 = 0.0;
+            double qk_2 = 0.0;
+            double qk_3 = 0.0;
+            for (int64_t c = 0; c < dh; ++c) {
+                qk_0 += Q[c + dh*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
+                qk_1 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
+            }
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
+        }
+        double block_max_0 = -INFINITY;
+        double block_max_1 = -INFINITY;
+        double block_max_2 = -INFINITY;
+        double block_max_3 = -INFINITY;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_max_0 = fmax(block_max_0, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max_1 = fmax(block_max_1, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
+            block_max_2 = fmax(block_max_2, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
+            block_max_3 = fmax(block_max_3, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+        }
+        const double new_max_0 = fmax(row_max_0, block_max_0);
+        const double new_max_1 = fmax(row_max_1, block_max_1);
+        const double new_max_2 = fmax(row_max_2, block_max_2);
+        const double new_max_3 = fmax(row_max_3, block_max_3);
+        const double rescale_0 = exp(row_max_0 - new_max_0);
+        const double rescale_1 = exp(row_max_1 - new_max_1);
+        const double rescale_2 = exp(row_max_2 - new_max_2);
+        const double rescale_3 = exp(row_max_3 - new_max_3);
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+        }
+        double block_sum_0 = 0.0;
+        double block_sum_1 = 0.0;
+        double block_sum_2 = 0.0;
+        double block_sum_3 = 0.0;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_sum_0 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum_1 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            block_sum_2 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            block_sum_3 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+        }
+        row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
+        row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
+        row_sum_2 = row_sum_2 * rescale_2 + block_sum_2;
+        row_sum_3 = row_sum_3 * rescale_3 + block_sum_3;
+        for (int64_t c = 0; c < dh; ++c) {
+            attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0;
+            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1;
+            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
+            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
+        }
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            double o_0e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))];
+            double o_1e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1];
+            double o_2e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 2];
+            double o_3e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 3];
+            double o_4e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 4];
+            double o_5e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 5];
+            double o_6e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 6];
+            double o_7e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 7];
+            double o_0f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1)];
+            double o_1f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 1];
+            double o_2f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 2];
+            double o_3f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 3];
+            double o_4f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 4];
+            double o_5f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 5];
+            double o_6f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 6];
+            double o_7f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 7];
+            double o_0g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2)];
+            double o_1g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 1];
+            double o_2g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 2];
+            double o_3g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 3];
+            double o_4g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 4];
+            double o_5g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 5];
+            double o_6g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 6];
+            double o_7g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 7];
+            double o_0h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3)];
+            double o_1h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 1];
+            double o_2h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 2];
+            double o_3h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 3];
+            double o_4h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 4];
+            double o_5h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 5];
+            double o_6h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6];
+            double o_7h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7];
+            for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                o_0e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+            }
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] = o_0e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] = o_1e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 2] = o_2e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 3] = o_3e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 4] = o_4e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 5] = o_5e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 6] = o_6e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 7] = o_7e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1)] = o_0f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 1] = o_1f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 2] = o_2f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 3] = o_3f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 4] = o_4f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 5] = o_5f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 6] = o_6f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 7] = o_7f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2)] = o_0g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 1] = o_1g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 2] = o_2g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 3] = o_3g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 4] = o_4g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 5] = o_5g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 6] = o_6g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 7] = o_7g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3)] = o_0h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 1] = o_1h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 2] = o_2h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 3] = o_3h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 4] = o_4h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 5] = o_5h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6] = o_6h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7] = o_7h;
+        }
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t V_row = dh*(j + n*(b*heads + h));
+            const double t_0 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t_1 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            const double t_2 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            const double t_3 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_2 * V[V_row + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_3 * V[V_row + c];
+            }
+        }
+        row_max_0 = new_max_0;
+        row_max_1 = new_max_1;
+        row_max_2 = new_max_2;
+        row_max_3 = new_max_3;
+    }
     for (int64_t c = 0; c < dh; ++c) {
         attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] / row_sum_0;
         attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] / row_sum_1;
@@ -1623,7 +1903,42 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_edge(
     }
     double row_max = -INFINITY;
     double row_sum = 0.0;
-    for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int64_t j_blk = 0; j_blk < ((i + 1) / 64); ++j_blk) {
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = dh*(j + n*(b*heads + h));
+            double qk = 0.0;
+            for (int64_t c = 0; c < dh; ++c) {
+                qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
+            }
+            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+        }
+        double block_max = -INFINITY;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_max = fmax(block_max, attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+        }
+        const double new_max = fmax(row_max, block_max);
+        const double rescale = exp(row_max - new_max);
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = exp(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+        }
+        double block_sum = 0.0;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+        }
+        row_sum = row_sum * rescale + block_sum;
+        for (int64_t c = 0; c < dh; ++c) {
+            attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
+        }
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t V_row = dh*(j + n*(b*heads + h));
+            const double t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            for (int64_t c = 0; c < dh; ++c) {
+                attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
+            }
+        }
+        row_max = new_max;
+    }
+    for (int64_t j_blk = ((i + 1) / 64); j_blk < (((i) / 64) + 1 < ((n + 63) / 64) ? ((i) / 64) + 1 : ((n + 63) / 64)); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
             double qk = 0.0;
@@ -4708,7 +5023,7 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
     float row_sum_1 = 0.0f;
     float row_sum_2 = 0.0f;
     float row_sum_3 = 0.0f;
-    for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int64_t j_blk = 0; j_blk < ((4*i_tile + 1) / 64); ++j_blk) {
         for (int64_t j_tile = 8*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); ++j_tile) {
             float qk_0_0 = 0.0f;
             float qk_0_1 = 0.0f;
@@ -4776,38 +5091,38 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
                 qk_3_6 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = (4*i_tile >= 8*j_tile ? scale * qk_0_0 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = (4*i_tile >= 8*j_tile + 1 ? scale * qk_0_1 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = (4*i_tile >= 8*j_tile + 2 ? scale * qk_0_2 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = (4*i_tile >= 8*j_tile + 3 ? scale * qk_0_3 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = (4*i_tile >= 8*j_tile + 4 ? scale * qk_0_4 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = (4*i_tile >= 8*j_tile + 5 ? scale * qk_0_5 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = (4*i_tile >= 8*j_tile + 6 ? scale * qk_0_6 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = (4*i_tile >= 8*j_tile + 7 ? scale * qk_0_7 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= 8*j_tile ? scale * qk_1_0 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = (4*i_tile + 1 >= 8*j_tile + 1 ? scale * qk_1_1 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = (4*i_tile + 1 >= 8*j_tile + 2 ? scale * qk_1_2 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = (4*i_tile + 1 >= 8*j_tile + 3 ? scale * qk_1_3 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = (4*i_tile + 1 >= 8*j_tile + 4 ? scale * qk_1_4 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = (4*i_tile + 1 >= 8*j_tile + 5 ? scale * qk_1_5 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = (4*i_tile + 1 >= 8*j_tile + 6 ? scale * qk_1_6 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = (4*i_tile + 1 >= 8*j_tile + 7 ? scale * qk_1_7 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= 8*j_tile ? scale * qk_2_0 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = (4*i_tile + 2 >= 8*j_tile + 1 ? scale * qk_2_1 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = (4*i_tile + 2 >= 8*j_tile + 2 ? scale * qk_2_2 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = (4*i_tile + 2 >= 8*j_tile + 3 ? scale * qk_2_3 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = (4*i_tile + 2 >= 8*j_tile + 4 ? scale * qk_2_4 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = (4*i_tile + 2 >= 8*j_tile + 5 ? scale * qk_2_5 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = (4*i_tile + 2 >= 8*j_tile + 6 ? scale * qk_2_6 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = (4*i_tile + 2 >= 8*j_tile + 7 ? scale * qk_2_7 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= 8*j_tile ? scale * qk_3_0 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = (4*i_tile + 3 >= 8*j_tile + 1 ? scale * qk_3_1 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = (4*i_tile + 3 >= 8*j_tile + 2 ? scale * qk_3_2 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = (4*i_tile + 3 >= 8*j_tile + 3 ? scale * qk_3_3 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = (4*i_tile + 3 >= 8*j_tile + 4 ? scale * qk_3_4 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = (4*i_tile + 3 >= 8*j_tile + 5 ? scale * qk_3_5 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = (4*i_tile + 3 >= 8*j_tile + 6 ? scale * qk_3_6 : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = (4*i_tile + 3 >= 8*j_tile + 7 ? scale * qk_3_7 : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
@@ -4821,10 +5136,10 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
                 qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
         }
         float block_max_0 = -INFINITY;
         float block_max_1 = -INFINITY;
@@ -4988,6 +5303,286 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
         row_max_2 = new_max_2;
         row_max_3 = new_max_3;
     }
+    for (int64_t j_blk = ((4*i_tile + 1) / 64); j_blk < (((n + 63) / 64) < ((4*i_tile + 3) / 64) + 1 ? ((n + 63) / 64) : ((4*i_tile + 3) / 64) + 1); ++j_blk) {
+        for (int64_t j_tile = 8*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); ++j_tile) {
+            float qk_0_0b = 0.0f;
+            float qk_0_1b = 0.0f;
+            float qk_0_2b = 0.0f;
+            float qk_0_3b = 0.0f;
+            float qk_0_4b = 0.0f;
+            float qk_0_5b = 0.0f;
+            float qk_0_6b = 0.0f;
+            float qk_0_7b = 0.0f;
+            float qk_1_0b = 0.0f;
+            float qk_1_1b = 0.0f;
+            float qk_1_2b = 0.0f;
+            float qk_1_3b = 0.0f;
+            float qk_1_4b = 0.0f;
+            float qk_1_5b = 0.0f;
+            float qk_1_6b = 0.0f;
+            float qk_1_7b = 0.0f;
+            float qk_2_0b = 0.0f;
+            float qk_2_1b = 0.0f;
+            float qk_2_2b = 0.0f;
+            float qk_2_3b = 0.0f;
+            float qk_2_4b = 0.0f;
+            float qk_2_5b = 0.0f;
+            float qk_2_6b = 0.0f;
+            float qk_2_7b = 0.0f;
+            float qk_3_0b = 0.0f;
+            float qk_3_1b = 0.0f;
+            float qk_3_2b = 0.0f;
+            float qk_3_3b = 0.0f;
+            float qk_3_4b = 0.0f;
+            float qk_3_5b = 0.0f;
+            float qk_3_6b = 0.0f;
+            float qk_3_7b = 0.0f;
+            for (int64_t c = 0; c < dh; ++c) {
+                qk_0_0b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8))];
+                qk_0_1b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1];
+                qk_0_2b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2];
+                qk_0_3b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3];
+                qk_0_4b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4];
+                qk_0_5b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5];
+                qk_0_6b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
+                qk_0_7b += Q[c + dh*(4*i_tile + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
+                qk_1_0b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8))];
+                qk_1_1b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1];
+                qk_1_2b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2];
+                qk_1_3b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3];
+                qk_1_4b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4];
+                qk_1_5b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5];
+                qk_1_6b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
+                qk_1_7b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
+                qk_2_0b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8))];
+                qk_2_1b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1];
+                qk_2_2b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2];
+                qk_2_3b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3];
+                qk_2_4b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4];
+                qk_2_5b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5];
+                qk_2_6b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
+                qk_2_7b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
+                qk_3_0b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8))];
+                qk_3_1b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1];
+                qk_3_2b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2];
+                qk_3_3b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3];
+                qk_3_4b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4];
+                qk_3_5b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5];
+                qk_3_6b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
+                qk_3_7b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
+            }
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = (4*i_tile >= 8*j_tile ? scale * qk_0_0b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = (4*i_tile >= 8*j_tile + 1 ? scale * qk_0_1b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = (4*i_tile >= 8*j_tile + 2 ? scale * qk_0_2b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = (4*i_tile >= 8*j_tile + 3 ? scale * qk_0_3b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = (4*i_tile >= 8*j_tile + 4 ? scale * qk_0_4b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = (4*i_tile >= 8*j_tile + 5 ? scale * qk_0_5b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = (4*i_tile >= 8*j_tile + 6 ? scale * qk_0_6b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = (4*i_tile >= 8*j_tile + 7 ? scale * qk_0_7b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= 8*j_tile ? scale * qk_1_0b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = (4*i_tile + 1 >= 8*j_tile + 1 ? scale * qk_1_1b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = (4*i_tile + 1 >= 8*j_tile + 2 ? scale * qk_1_2b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = (4*i_tile + 1 >= 8*j_tile + 3 ? scale * qk_1_3b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = (4*i_tile + 1 >= 8*j_tile + 4 ? scale * qk_1_4b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = (4*i_tile + 1 >= 8*j_tile + 5 ? scale * qk_1_5b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = (4*i_tile + 1 >= 8*j_tile + 6 ? scale * qk_1_6b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = (4*i_tile + 1 >= 8*j_tile + 7 ? scale * qk_1_7b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= 8*j_tile ? scale * qk_2_0b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = (4*i_tile + 2 >= 8*j_tile + 1 ? scale * qk_2_1b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = (4*i_tile + 2 >= 8*j_tile + 2 ? scale * qk_2_2b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = (4*i_tile + 2 >= 8*j_tile + 3 ? scale * qk_2_3b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = (4*i_tile + 2 >= 8*j_tile + 4 ? scale * qk_2_4b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = (4*i_tile + 2 >= 8*j_tile + 5 ? scale * qk_2_5b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = (4*i_tile + 2 >= 8*j_tile + 6 ? scale * qk_2_6b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = (4*i_tile + 2 >= 8*j_tile + 7 ? scale * qk_2_7b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= 8*j_tile ? scale * qk_3_0b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = (4*i_tile + 3 >= 8*j_tile + 1 ? scale * qk_3_1b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = (4*i_tile + 3 >= 8*j_tile + 2 ? scale * qk_3_2b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = (4*i_tile + 3 >= 8*j_tile + 3 ? scale * qk_3_3b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = (4*i_tile + 3 >= 8*j_tile + 4 ? scale * qk_3_4b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = (4*i_tile + 3 >= 8*j_tile + 5 ? scale * qk_3_5b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = (4*i_tile + 3 >= 8*j_tile + 6 ? scale * qk_3_6b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = (4*i_tile + 3 >= 8*j_tile + 7 ? scale * qk_3_7b : -INFINITY);
+        }
+        for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = dh*(j + n*(b*heads + h));
+            float qk_0 = 0.0f;
+            float qk_1 = 0.0f;
+            float qk_2 = 0.0f;
+            float qk_3 = 0.0f;
+            for (int64_t c = 0; c < dh; ++c) {
+                qk_0 += Q[c + dh*(4*i_tile + n*(b*heads + h))] * K[K_row + c];
+                qk_1 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * K[K_row + c];
+                qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
+                qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
+            }
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
+        }
+        float block_max_0 = -INFINITY;
+        float block_max_1 = -INFINITY;
+        float block_max_2 = -INFINITY;
+        float block_max_3 = -INFINITY;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_max_0 = fmaxf(block_max_0, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max_1 = fmaxf(block_max_1, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
+            block_max_2 = fmaxf(block_max_2, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
+            block_max_3 = fmaxf(block_max_3, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+        }
+        const float new_max_0 = fmaxf(row_max_0, block_max_0);
+        const float new_max_1 = fmaxf(row_max_1, block_max_1);
+        const float new_max_2 = fmaxf(row_max_2, block_max_2);
+        const float new_max_3 = fmaxf(row_max_3, block_max_3);
+        const float rescale_0 = expf(row_max_0 - new_max_0);
+        const float rescale_1 = expf(row_max_1 - new_max_1);
+        const float rescale_2 = expf(row_max_2 - new_max_2);
+        const float rescale_3 = expf(row_max_3 - new_max_3);
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+        }
+        float block_sum_0 = 0.0f;
+        float block_sum_1 = 0.0f;
+        float block_sum_2 = 0.0f;
+        float block_sum_3 = 0.0f;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_sum_0 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum_1 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            block_sum_2 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            block_sum_3 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+        }
+        row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
+        row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
+        row_sum_2 = row_sum_2 * rescale_2 + block_sum_2;
+        row_sum_3 = row_sum_3 * rescale_3 + block_sum_3;
+        for (int64_t c = 0; c < dh; ++c) {
+            attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0;
+            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1;
+            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
+            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
+        }
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            float o_0e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))];
+            float o_1e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1];
+            float o_2e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 2];
+            float o_3e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 3];
+            float o_4e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 4];
+            float o_5e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 5];
+            float o_6e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 6];
+            float o_7e = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 7];
+            float o_0f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1)];
+            float o_1f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 1];
+            float o_2f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 2];
+            float o_3f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 3];
+            float o_4f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 4];
+            float o_5f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 5];
+            float o_6f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 6];
+            float o_7f = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 7];
+            float o_0g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2)];
+            float o_1g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 1];
+            float o_2g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 2];
+            float o_3g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 3];
+            float o_4g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 4];
+            float o_5g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 5];
+            float o_6g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 6];
+            float o_7g = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 7];
+            float o_0h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3)];
+            float o_1h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 1];
+            float o_2h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 2];
+            float o_3h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 3];
+            float o_4h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 4];
+            float o_5h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 5];
+            float o_6h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6];
+            float o_7h = attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7];
+            for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                o_0e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7e += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7f += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7g += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+                o_0h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h))];
+                o_1h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 1];
+                o_2h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 2];
+                o_3h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 3];
+                o_4h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 4];
+                o_5h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 5];
+                o_6h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 6];
+                o_7h += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] * V[8*c_tile + dh*(j + n*(b*heads + h)) + 7];
+            }
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h))] = o_0e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 1] = o_1e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 2] = o_2e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 3] = o_3e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 4] = o_4e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 5] = o_5e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 6] = o_6e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h)) + 7] = o_7e;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1)] = o_0f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 1] = o_1f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 2] = o_2f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 3] = o_3f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 4] = o_4f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 5] = o_5f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 6] = o_6f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 1) + 7] = o_7f;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2)] = o_0g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 1] = o_1g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 2] = o_2g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 3] = o_3g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 4] = o_4g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 5] = o_5g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 6] = o_6g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 2) + 7] = o_7g;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3)] = o_0h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 1] = o_1h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 2] = o_2h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 3] = o_3h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 4] = o_4h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 5] = o_5h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 6] = o_6h;
+            attn[8*c_tile + dh*(4*i_tile + n*(b*heads + h) + 3) + 7] = o_7h;
+        }
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t V_row = dh*(j + n*(b*heads + h));
+            const float t_0 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t_1 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            const float t_2 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            const float t_3 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0 * V[V_row + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[V_row + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_2 * V[V_row + c];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_3 * V[V_row + c];
+            }
+        }
+        row_max_0 = new_max_0;
+        row_max_1 = new_max_1;
+        row_max_2 = new_max_2;
+        row_max_3 = new_max_3;
+    }
     for (int64_t c = 0; c < dh; ++c) {
         attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] / row_sum_0;
         attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] / row_sum_1;
@@ -5057,7 +5652,42 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_edge(
     }
     float row_max = -INFINITY;
     float row_sum = 0.0f;
-    for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+    for (int64_t j_blk = 0; j_blk < ((i + 1) / 64); ++j_blk) {
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t K_row = dh*(j + n*(b*heads + h));
+            float qk = 0.0f;
+            for (int64_t c = 0; c < dh; ++c) {
+                qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
+            }
+            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+        }
+        float block_max = -INFINITY;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_max = fmaxf(block_max, attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+        }
+        const float new_max = fmaxf(row_max, block_max);
+        const float rescale = expf(row_max - new_max);
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = expf(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+        }
+        float block_sum = 0.0f;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+        }
+        row_sum = row_sum * rescale + block_sum;
+        for (int64_t c = 0; c < dh; ++c) {
+            attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
+        }
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const int64_t V_row = dh*(j + n*(b*heads + h));
+            const float t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            for (int64_t c = 0; c < dh; ++c) {
+                attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
+            }
+        }
+        row_max = new_max;
+    }
+    for (int64_t j_blk = ((i + 1) / 64); j_blk < (((i) / 64) + 1 < ((n + 63) / 64) ? ((i) / 64) + 1 : ((n + 63) / 64)); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
             float qk = 0.0f;

@@ -54,8 +54,8 @@ def test_flash_structure():
 
 @pytest.mark.parametrize("n", [1, 13, 70, 150])
 def test_causal_blocks_split_at_the_diagonal_and_keep_the_value(n):
-    """CausalBlocks on the causal flash's ONF with its rows jammed (built and tested; the
-    variant does not apply it, see moagen/kernels/attention.py)."""
+    """CausalBlocks on the causal flash's ONF with its rows jammed (the variant applies it
+    so, before its key tiles)."""
     jammed = get_kernel("attention_fwd_causal").onf("flash", params={"rows": 4}, upto=6)
     onf = CausalBlocks("rows.edge")(CausalBlocks("rows")(jammed))
     blocks = [s for s in walk(onf.nests[0].body) if isinstance(s, Loop) and s.var.name == "j_blk"]

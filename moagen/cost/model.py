@@ -10,7 +10,7 @@ import sympy
 from moagen.codegen.emit import check_dtype
 from moagen.pipeline import onf_of, param_pairs
 from moagen.cost.flops import FLOP, count_ops
-from moagen.cost.traffic import Moved, minimum_traffic, nest_traffic, working_set
+from moagen.cost.traffic import Moved, at_least, minimum_traffic, nest_traffic, working_set
 from moagen.cost.view import counting_view
 from moagen.errors import MoagenError
 from moagen.kernels import get_kernel
@@ -123,20 +123,6 @@ def _largest(candidates) -> sympy.Expr:
     kept = [c for c in candidates
             if not any(other != c and at_least(other, c) for other in candidates)]
     return sympy.Max(*kept)
-
-
-def at_least(big, small) -> bool:
-    """Whether big >= small for every size >= 1: shown by the difference having no negative
-    coefficient once each size s is written 1 + s (False where that does not show it)."""
-    shift = {s: s + 1 for s in (big - small).free_symbols}
-    try:
-        difference = sympy.expand((big - small).xreplace(shift))
-        coefficients = sympy.Poly(difference, *shift).coeffs() if shift else [difference]
-    except (sympy.PolynomialError, ValueError):
-        # idiv, Min: not a polynomial in the sizes; a sum left unevaluated (a causal tile's
-        # blocks), whose bound variable a shift cannot move
-        return False
-    return all(c >= 0 for c in coefficients)
 
 
 def _each_element_once(minimum, onf) -> Dict[str, Moved]:

@@ -100,7 +100,7 @@ def footprint(accs) -> sympy.Expr:
     """Distinct elements the accesses touch (all of one array). The lanes of a register
     tile, T accesses at T*t + u for u = 0 .. T-1, together touch what one access over the
     untiled range would: when all T are there, they count as that one region."""
-    items = {region(a.offset, a.loops)[0]: (a.offset, a.loops) for a in accs}
+    items = {region(a.offset, a.loops)[0]: _merge_lane_loops(a.offset, a.loops) for a in accs}
     merging = True
     while merging:  # a tile has lanes in rows and in columns: merge one, then the other
         groups = {}
@@ -119,8 +119,41 @@ def footprint(accs) -> sympy.Expr:
                     items.pop(member, None)
                 items[key] = (offset, loops)
                 merging = True
-    return sympy.factor(sum((region(offset, loops)[1] for offset, loops in items.values()),
-                            sympy.Integer(0)))
+    regions = dict(region(offset, loops) for offset, loops in items.values())
+    kept = [k for i, k in enumerate(regions)
+            if not any(_within(k, other) and (j < i or not _within(other, k))
+                       for j, other in enumerate(regions) if other != k)]
+    return sympy.factor(sum((regions[k] for k in kept), sympy.Integer(0)))
+
+
+def _within(small, big) -> bool:
+    """Whether region `small` is part of region `big` (keys of region()): the same offset
+    over the same loops, each loop's range inside big's for every size (the key blocks
+    before a causal tile's diagonal, and all it sees). Rectangular ranges only."""
+    (offset, chain), (big_offset, big_chain) = small, big
+    if offset != big_offset:
+        return False
+    ranges = {v: (start, stop) for v, start, stop in big_chain}
+    if ranges.keys() != {v for v, _, _ in chain} or any(
+            (start.free_symbols | stop.free_symbols) & ranges.keys()
+            for _, start, stop in chain | big_chain):
+        return False
+    return all(at_least(start, ranges[v][0]) and at_least(ranges[v][1], stop)
+               for v, start, stop in chain)
+
+
+def at_least(big, small) -> bool:
+    """Whether big >= small for every size >= 1: shown by the difference having no negative
+    coefficient once each size s is written 1 + s (False where that does not show it)."""
+    shift = {s: s + 1 for s in (big - small).free_symbols}
+    try:
+        difference = sympy.expand((big - small).xreplace(shift))
+        coefficients = sympy.Poly(difference, *shift).coeffs() if shift else [difference]
+    except (sympy.PolynomialError, ValueError):
+        # idiv, Min: not a polynomial in the sizes; a sum left unevaluated, whose bound
+        # variable a shift cannot move
+        return False
+    return all(c >= 0 for c in coefficients)
 
 
 def working_set(nests) -> Tuple[sympy.Expr, ...]:
@@ -128,12 +161,16 @@ def working_set(nests) -> Tuple[sympy.Expr, ...]:
     data (an access that does not move with its variable, or two of its statements touching
     the same region), what one of its iterations touches; for a nest whose top-level
     statements share data, the whole nest. The candidates, for a Max."""
-    blocks = []
+    sets = []
     for nest in nests:
         if _siblings_share(nest.body):
-            blocks.append(nest.body)
-        blocks += [loop.body for loop in _reusing_loops(nest.body)]
-    return tuple(dict.fromkeys(_touched(list(accesses(b))) for b in blocks))
+            sets.append(_touched(list(accesses(nest.body))))
+        # an iteration whose loops' bounds move with the loops around (a causal row tile's
+        # key blocks): the largest, the last
+        sets += [_extreme(_touched(list(accesses(loop.body))), "hi",
+                          outer + ((loop.var, loop.start, loop.stop),), ())
+                 for loop, outer in _reusing_loops(nest.body)]
+    return tuple(dict.fromkeys(sympy.factor(s) for s in sets))
 
 
 def _touched(stream) -> sympy.Expr:
@@ -143,10 +180,10 @@ def _touched(stream) -> sympy.Expr:
                             sympy.Integer(0)))
 
 
-def _reusing_loops(stmts):
+def _reusing_loops(stmts, outer: Bounds = ()):
     """Every loop under stmts that carries reuse: an access inside that does not move with
     the loop (but moves with every loop between), or two of its body's statements touching
-    the same region."""
+    the same region; with the loops around it."""
     for s in stmts:
         if not isinstance(s, Loop):
             continue
@@ -155,8 +192,8 @@ def _reusing_loops(stmts):
                      and all(_moves_with(v, a.offset, a.loops) for v, _, _ in a.loops)
                      for a in accesses(s.body))
         if across or _siblings_share(s.body):
-            yield s
-        yield from _reusing_loops(s.body)
+            yield s, outer
+        yield from _reusing_loops(s.body, outer + this)
 
 
 def _moves_with(var, offset, loops: Bounds):
@@ -170,11 +207,17 @@ def _moves_with(var, offset, loops: Bounds):
 
 def _siblings_share(stmts):
     """Two statements of one block touching the same region of an array."""
+    touched = [list(accesses((s,))) for s in stmts]
+    statements = {}  # array -> the statements touching it: only arrays in two need regions
+    for k, accs in enumerate(touched):
+        for a in accs:
+            statements.setdefault(a.array, set()).add(k)
+    shared = {array for array, ks in statements.items() if len(ks) > 1}
     seen = {}
-    for k, s in enumerate(stmts):
-        for a in accesses((s,)):
-            key = (a.array, region(a.offset, a.loops)[0])
-            if seen.setdefault(key, k) != k:
+    for k, accs in enumerate(touched):
+        for a in accs:
+            if a.array in shared and \
+                    seen.setdefault((a.array, region(a.offset, a.loops)[0]), k) != k:
                 return True
     return False
 
@@ -222,20 +265,26 @@ def _group_divisions(offset, loops: Bounds):
     return offset, loops
 
 
+@lru_cache(maxsize=None)
 def _merge_lane_loops(offset, loops: Bounds):
-    """A tile loop t over [0, S/T) and a lane loop l over [0, T) used as T*t + l (a panel's
-    copy) -> one loop over [0, S): the same region as an untiled loop's."""
+    """A tile loop t over [0, S) and a lane loop l over [0, T) used as T*t + l (a panel's
+    copy, a causal row tile's periods) -> one loop over [0, T*S): the same region as an
+    untiled loop's."""
+    lanes = [(w, w_stop) for w, w_start, w_stop in loops
+             if w_start == 0 and w_stop.is_Integer and w_stop >= 2 and w in offset.free_symbols]
+    if not lanes:
+        return offset, loops
+    strides = {w: _stride(offset, w) for w, _ in lanes}
     for v, start, stop in loops:
-        tiles, count = sympy.fraction(sympy.together(stop))
-        step = sympy.expand(sympy.diff(offset, v))
-        if start != 0 or not count.is_Integer or count < 2 or step == 0:
+        if start != 0 or v not in offset.free_symbols:
             continue
-        for w, w_start, w_stop in loops:
-            if w != v and w_start == 0 and w_stop == count and \
-                    sympy.expand(sympy.diff(offset, w) * count - step) == 0:
+        step = _stride(offset, v)
+        for w, w_stop in lanes:
+            if w != v and sympy.expand(strides[w] * w_stop - step) == 0:
                 merged = sympy.Symbol(f"{v}_{w}", integer=True)
-                offset = sympy.expand(offset - step * v - step / count * w + step / count * merged)
-                loops = tuple((merged, sympy.Integer(0), tiles) if u == v else (u, s, e)
+                lane = step / w_stop
+                offset = sympy.expand(offset - step * v - lane * w + lane * merged)
+                loops = tuple((merged, sympy.Integer(0), stop * w_stop) if u == v else (u, s, e)
                               for u, s, e in loops if u != w)
                 return _merge_lane_loops(offset, loops)
     return offset, loops
@@ -260,12 +309,12 @@ def _tile_lane(offset, loops: Bounds):
             quotient, lane = divided
             return (offset.xreplace({quotient: idiv(merged, quotient.args[1])}), merged_loops,
                     lane, int(count))
-        step = sympy.expand(sympy.diff(offset, v))
+        step = _stride(offset, v)
         if step == 0 or step.free_symbols & {w for w, _, _ in loops}:
             continue
         stride = step / count
         rest = sympy.expand(offset - step * v)
-        if any(sympy.diff(rest, w) == stride for w, _, _ in loops if w != v):
+        if any(_stride(rest, w) == stride for w, _, _ in loops if w != v):
             continue  # the lanes are a loop (a panel's copy), counted as loops are
         lane = sum((t for t in sympy.Add.make_args(rest) if (t / stride).is_Integer),
                    sympy.Integer(0))
@@ -300,10 +349,16 @@ def _extreme(bound, side, loops: Bounds, used):
 def _canonical(offset, chain: Bounds):
     """The region with its loop variables renamed in order of their stride in the offset,
     so that the same region reached by differently named or ordered loops has one key."""
-    order = sorted(chain, key=lambda b: (str(sympy.diff(offset, b[0])), str(b[1]), str(b[2])))
+    order = sorted(chain, key=lambda b: (str(_stride(offset, b[0])), str(b[1]), str(b[2])))
     names = {v: sympy.Symbol(f"_r{k}", integer=True) for k, (v, _, _) in enumerate(order)}
     return (sympy.expand(offset.xreplace(names)),
             frozenset((names[v], s.xreplace(names), e.xreplace(names)) for v, s, e in chain))
+
+
+@lru_cache(maxsize=None)
+def _stride(offset, var) -> sympy.Expr:
+    """d offset / d var, expanded (cached: every region asks it of its loops)."""
+    return sympy.expand(sympy.diff(offset, var))
 
 
 @lru_cache(maxsize=None)

@@ -7,16 +7,24 @@ validate enforces): then idiv(n + T - 1, T) = n / T, every tile is full, a regis
 clamped row min(T*t + u, n - 1) is T*t + u, the loop over the columns left after the last
 full tile is empty (and dropped), and each rewrite below is exact. The assumptions a kernel
 needed are returned, to be printed with its cost.
+
+A loop whose inner bounds divide its variable (the key blocks a causal row tile sees,
+idiv(8*i_tile + 7, 64)) is cut into periods: i_tile = 8*t + r, r in [0, 8), where
+8*i_tile + 7 = 64*t + 8*r + 7 and the quotient is t + idiv(8*r + 7, 64): linear in t, a
+number at each r, whose few values the count adds one by one (assuming the period divides
+the loop's count: 64 divides n). Without the cut sympy leaves the sums over such bounds
+unevaluated, after minutes of trying.
 """
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from math import gcd, lcm
 from typing import Tuple
 
 import sympy
 
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
-from moagen.onf.loops import Loop, Nest, ONF, Store, map_stmt_exprs
+from moagen.onf.loops import Loop, Nest, ONF, Store, map_stmt_exprs, subs_stmts, walk
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,12 @@ def counting_view(onf: ONF) -> View:
             start, stop = bound(s.start, maxima, parts), bound(s.stop, maxima, parts)
             if sympy.simplify(stop - start) == 0:
                 return None  # the columns after the last full tile: none
+            periods = _periods(replace(s, start=start, stop=stop), sizes)
+            if periods:
+                loop, assumption = periods
+                if assumption:
+                    assumed.append(assumption)
+                return stmt(loop, maxima, parts)
             inner = {**maxima, s.var: stop - 1}
             if start == 0 and stop.is_Integer:  # a fixed number of parts, or of lanes
                 parts = {**parts, s.var: int(stop)}
@@ -116,3 +130,33 @@ def _map_offsets(e, fn):
     if isinstance(e, S.Select):
         return S.Select(fn(e.cond), _map_offsets(e.then, fn), _map_offsets(e.other, fn))
     return S.map_children(e, lambda c: _map_offsets(c, fn))
+
+
+def _periods(loop: Loop, sizes):
+    """(the loop cut into periods, what that assumes) where the loop runs over a number of
+    iterations given by the sizes and the bounds of the loops inside divide its variable v,
+    all as idiv(a*v + b, q) with a, b, q whole numbers; else None.
+    With g the period (a*g a multiple of every q) and v = g*t + r, idiv(a*v + b, q) is
+    (a*g/q)*t + idiv(a*r + b, q): linear in t, and a number at each r of [0, g)."""
+    v = loop.var
+    divisions = {d for s in walk(loop.body) if isinstance(s, Loop)
+                 for d in (s.start.atoms(idiv) | s.stop.atoms(idiv)) if v in d.free_symbols}
+    if not divisions or loop.start != 0:
+        return None
+    forms = {}
+    for d in divisions:
+        numerator, q = sympy.expand(d.args[0]), d.args[1]
+        a, b = numerator.coeff(v), numerator.subs(v, 0)
+        if not (a.is_Integer and b.is_Integer and q.is_Integer and a > 0 and q > 0):
+            return None
+        forms[d] = (a, b, q)
+    g = lcm(*(int(q) // gcd(int(a), int(q)) for a, _, q in forms.values()))
+    tiles, count = sympy.fraction(sympy.together(loop.stop))
+    if not (count.is_Integer and tiles.free_symbols and tiles.free_symbols <= sizes):
+        return None  # a fixed number of iterations is counted one by one (the phases)
+    assumption = f"{g * count} divides {tiles}" if g > 1 else None
+    t, r = sympy.Dummy(f"{v}_period", integer=True), sympy.Dummy(f"{v}_phase", integer=True)
+    at = {d: a * g / q * t + idiv(a * r + b, q) for d, (a, b, q) in forms.items()}
+    body = subs_stmts(loop.body, {**at, v: g * t + r})
+    phases = Loop(r, sympy.Integer(0), sympy.Integer(g), body)
+    return replace(loop, var=t, stop=loop.stop / g, body=(phases,)), assumption

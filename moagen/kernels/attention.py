@@ -3,6 +3,7 @@ subtracting the row maximum; optionally causal (query i sees keys j <= i, as PyT
 is_causal). Written once; the variants differ only in what they materialize and in their
 schedule."""
 import math
+from functools import partial
 
 from moagen import reference
 from moagen.kernels.cases import Bench, Check, references
@@ -11,6 +12,7 @@ from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, inner, iota, lift, log, named, omega, outer,
                              psi, reduce, transpose, where)
 from moagen.moa.spec import KernelSpec, Output
+from moagen.onf.causal import CausalBlocks
 from moagen.onf.fusion import FuseNests
 from moagen.onf.keytiles import ColumnTiles, KeyTiles
 from moagen.onf.online import OnlineSoftmax
@@ -77,46 +79,51 @@ def _online(rows, keys):
                            "cuda": (GpuThreads(parallel, nest="rows"),)})
 
 
-def _flash(rows, lanes, block):
+def _flash(rows, lanes, block, causal):
     """FlashAttention's form: the online pass over blocks of `block` keys with `rows` query
     rows together, and both products of a block as register tiles (rows x `lanes` sums): the
     scores against K packed in panels of `lanes` keys (K transposed, one copy per call), the
-    output by tiles of `lanes` columns kept in registers over the block's keys. Causal: every
-    block is visited and masked. CausalBlocks (key blocks past a tile's rows skipped, those
-    below the diagonal unmasked: 0.58-0.61 of the plain kernel's time at n 4096) is built and
-    tested, not applied: the cost model takes minutes to count its bounds, divisions of the
-    row tile (docs/ARCHITECTURE.md, Known limits)."""
+    output by tiles of `lanes` columns kept in registers over the block's keys. Causal
+    (CausalBlocks, on the row tiles and on the rows left over after them): the key blocks
+    past a tile's last row are not visited, those before its diagonal run unmasked, only the
+    diagonal blocks select."""
+    together = rows_together("rows", "i", rows)
+    masked = (CausalBlocks("rows"), *(CausalBlocks(jam.edge) for jam in together)) \
+        if causal else ()
     parallel = ROWS[:-1] + (tiled("i", rows),)
     return Layers(algorithm=ROW_PASS + (OnlineSoftmax("rows", block=block),),
-                  schedule=(LowerReductions(), *rows_together("rows", "i", rows),
+                  schedule=(LowerReductions(), *together, *masked,
                             KeyTiles("rows", "j", lanes), ColumnTiles("rows", "j", "c", lanes)),
                   mapping={"cpu": (Parallel(parallel, nest="rows", interleave=True),),
                            "cuda": (GpuThreads(parallel, nest="rows"),)})
 
 
-VARIANTS = {
-    # the standard implementation: the n x n scores and probabilities live in memory
-    "naive": (frozenset({"scores", "probs"}), Layers(algorithm=(Hoist(),),
-                                                     mapping=cpu(Parallel(ROWS)))),
-    # row-wise: nothing of size n x n; each row's max and sum are computed once, and each
-    # probability once per key, then spread over the output row
-    "dnf": (frozenset(), Layers(algorithm=ROW_PASS, mapping=cpu(Parallel(ROWS)))),
-    # CPU defaults: what `moagen tune` chose on the development machines (rows 6-8, keys 2
-    # to 4, float64 and float32, d 64 and 128); on a GPU a thread takes 4 rows
-    "online": Tunable(frozenset(), _online, defaults={"rows": 8, "keys": 2},
-                      space={"rows": (1, 2, 4, 6, 8), "keys": (1, 2, 4)},
-                      cuda={"rows": 4, "keys": 4}),
-    "flash": Tunable(frozenset(), _flash,
-                     defaults={"rows": 8, "lanes": 16, "block": KEY_BLOCK},
-                     space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32),
-                            "block": (64, 128, 256)},
-                     cuda={"rows": 4, "lanes": 8},
-                     # two vector registers of keys either way: 16 float64, 32 float32
-                     # lanes (docs/PERFORMANCE.md, per-dtype defaults)
-                     dtypes={"float32": {"lanes": 32}}),
-}
+def variants(causal: bool):
+    """The variants of the plain or the causal kernel (the causal flash skips key blocks)."""
+    return {
+        # the standard implementation: the n x n scores and probabilities live in memory
+        "naive": (frozenset({"scores", "probs"}), Layers(algorithm=(Hoist(),),
+                                                         mapping=cpu(Parallel(ROWS)))),
+        # row-wise: nothing of size n x n; each row's max and sum are computed once, and each
+        # probability once per key, then spread over the output row
+        "dnf": (frozenset(), Layers(algorithm=ROW_PASS, mapping=cpu(Parallel(ROWS)))),
+        # CPU defaults: what `moagen tune` chose on the development machines (rows 6-8, keys 2
+        # to 4, float64 and float32, d 64 and 128); on a GPU a thread takes 4 rows
+        "online": Tunable(frozenset(), _online, defaults={"rows": 8, "keys": 2},
+                          space={"rows": (1, 2, 4, 6, 8), "keys": (1, 2, 4)},
+                          cuda={"rows": 4, "keys": 4}),
+        "flash": Tunable(frozenset(), partial(_flash, causal=causal),
+                         defaults={"rows": 8, "lanes": 16, "block": KEY_BLOCK},
+                         space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32),
+                                "block": (64, 128, 256)},
+                         cuda={"rows": 4, "lanes": 8},
+                         # two vector registers of keys either way: 16 float64, 32 float32
+                         # lanes (docs/PERFORMANCE.md, per-dtype defaults)
+                         dtypes={"float32": {"lanes": 32}}),
+    }
 
-KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]
+
+KERNELS = [(spec(False), variants(False)), (spec(True), variants(True))]
 
 # What verification and the benchmarks run these kernels on (moagen.kernels.cases): one
 # key, sizes that divide nothing, n past a block of keys; the bench on 4 heads of 64.

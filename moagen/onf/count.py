@@ -4,6 +4,7 @@ from typing import Dict
 
 import sympy
 
+from moagen.moa.expr import idiv
 from moagen.onf.loops import Loop, ONF, Store
 
 
@@ -15,7 +16,10 @@ def executions(stmts, predicate, multiplier=sympy.Integer(1)) -> Dict[str, sympy
         if isinstance(s, Loop):
             inner = executions(s.body, predicate)
             for key, count in inner.items():
-                if s.var in count.free_symbols:
+                if s.var in count.free_symbols and _term_by_term(count, s):
+                    # a causal tile's phases: a few iterations, each a whole division
+                    total = sum(count.xreplace({s.var: k}) for k in range(s.start, s.stop))
+                elif s.var in count.free_symbols:
                     total = sympy.summation(count, (s.var, s.start, s.stop - 1))
                 else:
                     total = count * (s.stop - s.start)
@@ -24,6 +28,13 @@ def executions(stmts, predicate, multiplier=sympy.Integer(1)) -> Dict[str, sympy
             key = getattr(s, "array", None) or s.name
             counts[key] = counts.get(key, 0) + multiplier
     return {k: sympy.factor(v) for k, v in counts.items()}
+
+
+def _term_by_term(count, loop) -> bool:
+    """Whether count is summed over the loop by its terms: a fixed range, and the variable
+    inside a division, which sympy's closed forms do not take."""
+    return loop.start.is_Integer and loop.stop.is_Integer and \
+        any(loop.var in d.free_symbols for d in count.atoms(idiv))
 
 
 def atomic_updates(onf: ONF) -> Dict[str, sympy.Expr]:
