@@ -106,7 +106,7 @@ def _composite(kernel, args):
         how = {"sum": "sums a cotangent's terms", "recompute": "recomputes forward arrays",
                "backward": f"derived ({derived.get(st.kernel)})" if st.kernel in derived
                else "written by hand"}[role(st)]
-        print(f"  {st.label:<16} {st.kernel:<14} {how}")
+        print(f"  {st.label:<16} {st.kernel:<20} {how}")
     print()
     print(format_stages(backward, "shape", get_kernel), end="")
     return 0
