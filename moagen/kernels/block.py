@@ -14,7 +14,6 @@ What the forward returns besides y is derived too: the intermediates the backwar
 """
 import math
 from dataclasses import replace
-from functools import partial
 
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
@@ -104,14 +103,14 @@ def _initialized(arrays, scalars):
 
 
 def _kept(causal):
-    def kept(arrays, scalars):
+    def with_activations(arrays, scalars):
         """The backward's kept activations, from the forward on the same x and weights."""
         arrays = _initialized(arrays, scalars)
-        kept = reference_block.block_fwd_numpy(*(arrays[a.name] for a in FORWARD.inputs),
-                                               eps=EPS, scale=scalars["scale"],
-                                               causal=causal)[1:]
-        return dict(arrays, **dict(zip(FORWARD.kept(), kept)))
-    return kept
+        activations = reference_block.block_fwd_numpy(
+            *(arrays[a.name] for a in FORWARD.inputs), eps=EPS, scale=scalars["scale"],
+            causal=causal)[1:]
+        return dict(arrays, **dict(zip(FORWARD.kept(), activations)))
+    return with_activations
 
 
 def _checks(causal):
@@ -121,20 +120,25 @@ def _checks(causal):
                                                reference_block.block_fwd_torch, causal=causal),
                                     CHECK_SIZES, _scalars, inputs=_initialized),
         f"block_bwd{suffix}": Check(
-            {name: partial(fn, causal=causal) for name, fn in recomputing(
-                reference_block.block_bwd_numpy, reference_block.block_bwd_torch).items()},
+            recomputing(reference_block.block_bwd_numpy, reference_block.block_bwd_torch,
+                        causal=causal),
             CHECK_SIZES, lambda sizes: {"scale": _scalars(sizes)["scale"]},
             inputs=_kept(causal)),
     }
 
 
-CHECKS = {**_checks(False), **_checks(True)}
+def _benches(causal):
+    suffix = "_causal" if causal else ""
+    return {
+        f"block_fwd{suffix}": _ON_MODEL.measured_against(
+            "block", "y and the kept activations by the stages' baselines; no lse (SDPA "
+                     "returns none)", outputs=(0, 1, 2, 3, 4, 5, 7, 8, 9), causal=causal),
+        f"block_bwd{suffix}": _ON_MODEL.measured_against(
+            "block_bwd", "the ten gradients by autograd of the block, the forward recomputed "
+                         "(the kept activations unused)", eps=EPS, causal=causal),
+    }
+
+
 _ON_MODEL = on_model("dm", "heads", "dh", "dff")
-BENCH = {}
-for causal, suffix in ((False, ""), (True, "_causal")):
-    BENCH[f"block_fwd{suffix}"] = _ON_MODEL.measured_against(
-        "block", "y and the kept activations by the stages' baselines; no lse (SDPA returns "
-                 "none)", outputs=(0, 1, 2, 3, 4, 5, 7, 8, 9), causal=causal)
-    BENCH[f"block_bwd{suffix}"] = _ON_MODEL.measured_against(
-        "block_bwd", "the ten gradients by autograd of the block, the forward recomputed (the "
-                     "kept activations unused)", eps=EPS, causal=causal)
+CHECKS = {**_checks(False), **_checks(True)}
+BENCH = {**_benches(False), **_benches(True)}

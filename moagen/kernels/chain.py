@@ -115,8 +115,12 @@ class Sum:
 
 
 def summing(spec: KernelSpec, variant: str, x: str, r: str) -> Sum:
-    """spec (y = x + r, one output) as the adder of cotangent terms."""
+    """spec (y = x + r, one output, each axis a size of its own) as the adder of cotangent
+    terms."""
     (y, shape), = spec.output_shapes().items()
+    if not all(isinstance(d, sympy.Symbol) for d in shape):
+        raise SpecError(f"{spec.name} adds arrays of shape {shape}: an adder's axes are sizes "
+                        "of their own")
     return Sum(spec.name, variant, x, r, y, shape)
 
 
@@ -214,8 +218,7 @@ class _Derivation:
     def sum_sizes(self, array: str) -> Dict[str, str]:
         """The adder's sizes as the array's dimensions."""
         shape = self.shape(array)
-        if len(shape) != len(self.add.shape) or not all(isinstance(d, sympy.Symbol)
-                                                         for d in self.add.shape):
+        if len(shape) != len(self.add.shape):
             raise SpecError(f"{self.forward.name}: {array}'s cotangent has terms to add, of "
                             f"shape {shape}, which {self.add.kernel} does not add")
         return {d.name: str(s) for d, s in zip(self.add.shape, shape) if d.name != str(s)}
@@ -243,7 +246,5 @@ class _Derivation:
         if array not in self.made:
             return next(a.shape for a in self.forward.inputs if a.name == array)
         st, role = self.made[array]
-        shape = self.rule(st).shapes[role]
-        return tuple(sympy.sympify(d).xreplace(
-            {s: E.as_dim(st.sizes.get(s.name, s.name)) for s in sympy.sympify(d).free_symbols})
-            for d in shape)
+        shape = tuple(map(sympy.sympify, self.rule(st).shapes[role]))
+        return tuple(d.xreplace(st.size_map(d.free_symbols)) for d in shape)

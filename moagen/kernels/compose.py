@@ -32,6 +32,10 @@ class Stage:
     arrays: Dict[str, str]  # the stage kernel's array -> the composite's
     sizes: Dict[str, str] = field(default_factory=dict)  # the stage's size -> the composite's
 
+    def size_map(self, symbols) -> Dict[sympy.Symbol, sympy.Expr]:
+        """Each of the stage kernel's size symbols -> the composite's size it stands for."""
+        return {s: E.as_dim(self.sizes.get(s.name, s.name)) for s in symbols}
+
 
 @dataclass(frozen=True)
 class Composite:
@@ -70,7 +74,7 @@ def compose(composite: Composite, stage_onf) -> ONF:
     for st in composite.stages:
         onf = stage_onf(st.kernel, st.variant)
         where = f"{composite.name}, stage {st.label} ({st.kernel})"
-        sizes = {s: E.as_dim(st.sizes.get(s.name, s.name)) for s in onf.sizes}
+        sizes = st.size_map(onf.sizes)
         for s, value in sizes.items():
             if value.free_symbols - known_sizes:
                 raise SpecError(f"{where}: size {s} maps to {value}, which no input determines")

@@ -20,11 +20,9 @@ from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
-from dataclasses import replace
-
 from moagen.moa.expr import Named, Transpose, array, inner, lift, named, psi, silu, transpose
 from moagen.moa.grad import grad
-from moagen.moa.rewrites import transform
+from moagen.moa.rewrites import transform_outputs
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.schedule import Hoist, Parallel
 from moagen.onf.tiling import RegisterTile
@@ -84,8 +82,7 @@ def backward_spec() -> KernelSpec:
             return named("HT", transpose(node.array.value), index=("e", "i"))
         return stored.get(node)
 
-    return replace(derived, outputs=tuple(replace(o, value=transform(o.value, transposed))
-                                          for o in derived.outputs))
+    return transform_outputs(derived, transposed)
 
 
 FORWARD_TEMPS = frozenset({"H"})

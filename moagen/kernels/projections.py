@@ -12,8 +12,6 @@ The backwards are derived from the forwards (moagen.moa.grad). Every product is 
 tiled (moagen.onf.tiling); a weight that would be read across its rows is first stored
 transposed, once, so that every tile reads contiguous rows.
 """
-from dataclasses import replace
-
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward, summing
@@ -21,7 +19,7 @@ from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.mlp import TILE_DEFAULTS
 from moagen.moa.expr import array, inner, lift, named, psi, reduce, transpose
 from moagen.moa.grad import grad
-from moagen.moa.rewrites import substitute
+from moagen.moa.rewrites import transform_outputs
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.schedule import Parallel, Reorder
 from moagen.onf.tiling import RegisterTile
@@ -95,8 +93,7 @@ def _derived(forward, weights, head, perm, index):
     stored = {transpose(head(w)): psi(("h",), named(f"{w.name}T", transpose(w, perm), index=index))
               for w in weights}
     derived = grad(forward, name=f"{forward.name}_bwd", **VJP[forward.name])
-    return replace(derived, outputs=tuple(replace(o, value=substitute(o.value, stored))
-                                          for o in derived.outputs))
+    return transform_outputs(derived, stored.get)
 
 
 QKV_BWD = _derived(QKV, (WQ, WK, WV), lambda w: psi(("h",), _per_head(w)), (1, 2, 0),

@@ -129,10 +129,10 @@ def kept_statistic(arrays, scalars):
     return dict(arrays, inv_rms=1 / np.sqrt(np.mean(x * x, axis=-1) + EPS))
 
 
-def recomputing(numpy, torch):
-    """The references of a backward given kept statistics: PyTorch's autograd recomputes
-    them, with eps = EPS."""
-    return {"numpy": numpy, "torch": partial(torch, eps=EPS)}
+def recomputing(numpy, torch, **keywords):
+    """The references of a backward given kept statistics, both given `keywords`: PyTorch's
+    autograd recomputes the statistics, with eps = EPS."""
+    return references(numpy, partial(torch, eps=EPS), **keywords)
 
 
 CHECKS = {

@@ -218,6 +218,12 @@ def transform(node, fn):
     return _bottom_up(node, lambda n, _: fn(n), None)[0]
 
 
+def transform_outputs(spec, fn):
+    """spec with each output's value transformed (see transform)."""
+    return replace(spec, outputs=tuple(replace(o, value=transform(o.value, fn))
+                                       for o in spec.outputs))
+
+
 def substitute(node, mapping):
     """node with every subexpression that is a key of mapping replaced by its value."""
     return transform(node, mapping.get)
