@@ -163,9 +163,10 @@ class KernelCallable:
     def _check_array(self, what, param, array):
         """Rank, dtype, layout: what makes the raw pointer mean what the kernel thinks."""
         sig = self.signature
-        where, shape = f"{sig.name}: {what}", _symbolic(param.shape)
+        where = f"{sig.name}: {what}"
         if array.ndim != len(param.shape):
-            raise ValueError(f"{where}: expected {len(param.shape)} dimensions {shape}, got shape {array.shape}")
+            raise ValueError(f"{where}: expected {len(param.shape)} dimensions "
+                             f"{_symbolic(param.shape)}, got shape {array.shape}")
         if array.dtype != self._dtype:
             raise ValueError(f"{where}: expected dtype {self._dtype}, got {array.dtype} (no implicit casting)")
         if sig.layout == "row" and not array.flags.c_contiguous:

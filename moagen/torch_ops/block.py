@@ -90,9 +90,13 @@ def _setup(ctx, inputs, output):
     ctx.n_weights = len(weights)
     ctx.save_for_backward(x, *weights, *output[1:])
     ctx.mark_non_differentiable(*output[1:])
+    # a gradient not given stays None (the non-differentiable outputs': never read), not zeros
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grads):
+    if grads[0] is None:
+        return None, [None] * ctx.n_weights, None, None, None, None
     x, *rest = ctx.saved_tensors
     weights, kept = rest[:ctx.n_weights], rest[ctx.n_weights:]
     dx, *dweights = block_backward_op(x, weights, kept, grads[0], ctx.scale, ctx.causal,

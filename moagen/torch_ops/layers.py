@@ -66,9 +66,13 @@ def _setup_norm(ctx, inputs, output):
     x, weight, _eps, ctx.lang = inputs
     ctx.save_for_backward(x, weight, output[1])
     ctx.mark_non_differentiable(output[1])
+    # a gradient not given stays None (the non-differentiable outputs': never read), not zeros
+    ctx.set_materialize_grads(False)
 
 
 def _backward_norm(ctx, grad_z, _grad_inv_rms):
+    if grad_z is None:
+        return None, None, None, None
     x, weight, inv_rms = ctx.saved_tensors
     dx, dweight = rms_norm_backward_op(x, weight, inv_rms, grad_z, ctx.lang)
     return dx, dweight, None, None
@@ -131,9 +135,13 @@ def _setup_mlp(ctx, inputs, output):
     *tensors, ctx.lang = inputs
     ctx.save_for_backward(*tensors, output[1])
     ctx.mark_non_differentiable(output[1])
+    # a gradient not given stays None (the non-differentiable outputs': never read), not zeros
+    ctx.set_materialize_grads(False)
 
 
 def _backward_mlp(ctx, grad_f, _grad_u):
+    if grad_f is None:
+        return None, None, None, None, None
     return swiglu_mlp_backward_op(*ctx.saved_tensors, grad_f, ctx.lang) + (None,)
 
 
