@@ -147,7 +147,8 @@ def test_owner_parts_take_dq_from_the_key_rows_pass():
     where it took two (the dQ pass's and the key rows'), and the merge sums the parts."""
     from moagen.cost.flops import count_ops
     from moagen.cost.view import counting_view
-    plain, parts = (onf_of("attention_fwdbwd", "owner", params={"parts": p}) for p in (0, 2))
+    plain, parts = (onf_of("attention_fwdbwd", "owner", params={"parts": p, "lanes": 0})
+                    for p in (0, 2))
     assert [n.label for n in parts.nests] == ["forward", "forward.edge", "dQ.zero", "keys",
                                               "keys.edge", "dQ.merge"]
     assert "dQ" in [n.label for n in plain.nests]
@@ -162,13 +163,14 @@ def test_owner_parts_take_dq_from_the_key_rows_pass():
 
 
 @pytest.mark.parametrize("params", [{"parts": 4, "rows": 4, "keys": 2},
-                                    {"parts": 2, "rows": 1, "keys": 2}])
+                                    {"parts": 2, "rows": 1, "keys": 2, "lanes": 0}])
 @pytest.mark.parametrize("lang", ["c", "fortran"])
 @pytest.mark.parametrize("kernel", ["attention_fwdbwd", "attention_fwdbwd_causal"])
 def test_owner_parts_match_the_references(kernel, lang, params, session_build_dir):
     """At the verification sizes: n = 1 leaves parts empty, n = 7 and 257 cut the parts,
     rows and keys unevenly; at 257 two parts of one row each have 129 and 128 key rows, in
-    blocks of 64 (BlockInterchange), the last of one row."""
+    blocks of 64 (BlockInterchange), the last of one row. lanes 0: the GPU's form (a row of
+    the other side at a time), on the CPU."""
     from moagen.bench.tune import verify
     for dtype in ("float64", "float32"):
         verify(kernel, "owner", lang, dtype, params)

@@ -13,7 +13,7 @@ from moagen.pipeline import onf_of
 from moagen.cost import measure, model, sass
 from moagen.cost.flops import stmt_ops
 from moagen.cost.traffic import accesses, footprint, region
-from moagen.cost.view import counting_view
+from moagen.cost.view import CAUSAL_ROWS_UNCUT, counting_view
 from moagen.errors import CompilerNotFound
 from moagen.kernels import KERNELS, CompositeKernel, get_kernel
 from moagen.moa import scalar as S
@@ -112,8 +112,10 @@ def brute_force(onf, sizes):
 # and the online softmax rewrites the row whole: the model takes the three regions of the
 # scratch row as disjoint (twice its elements written), the iterations touch it once. A
 # known over-count of M (docs/ARCHITECTURE.md, Known limits), checked as that below, with
-# the rest of the flash form's count exact at sizes its tiles divide.
-EXACT = [(k, v) for k, v in VARIANTS if k not in COMPOSITES and v != "flash"]
+# the rest of the flash form's count exact at sizes its tiles divide. The owner's forward is
+# in the flash form on a CPU (lanes > 0).
+FLASH_FORM = {"flash", "owner"}
+EXACT = [(k, v) for k, v in VARIANTS if k not in COMPOSITES and v not in FLASH_FORM]
 
 
 @pytest.mark.parametrize("kernel,variant", EXACT)
@@ -132,25 +134,35 @@ def test_model_counts_what_every_iteration_does(kernel, variant):
     assert set(cost.traffic) == set(read) | set(written)
 
 
-@pytest.mark.parametrize("kernel, params, sizes", [
-    ("attention_fwd", None, dict(batch=1, heads=1, n=64, d=16)),
+@pytest.mark.parametrize("kernel, variant, params, sizes", [
+    ("attention_fwd", "flash", None, dict(batch=1, heads=1, n=64, d=16)),
     # two key blocks: the causal tiles' blocks below the diagonal, unmasked, and on it
-    ("attention_fwd_causal", None, dict(batch=1, heads=1, n=128, d=16)),
+    ("attention_fwd_causal", "flash", None, dict(batch=1, heads=1, n=128, d=16)),
     # tiles of 6 rows across the blocks of 64 keys: periods of 192 rows
-    ("attention_fwd_causal", {"rows": 6, "lanes": 8}, dict(batch=1, heads=1, n=192, d=8))])
-def test_model_counts_the_flash_form_but_its_score_row(kernel, params, sizes):
-    cost = model.predict(kernel, "flash", params=params)
+    ("attention_fwd_causal", "flash", {"rows": 6, "lanes": 8}, dict(batch=1, heads=1, n=192, d=8)),
+    # the owner's causal forward: two blocks of 32 keys; its key rows' pass is counted
+    # without the causal rows' cut (moagen.cost.view), an over-count
+    *(("attention_fwdbwd" + c, "owner", None, dict(batch=1, heads=1, n=64, d=2))
+      for c in ("", "_causal"))])
+def test_model_counts_the_flash_form_but_its_score_row(kernel, variant, params, sizes):
+    cost = model.predict(kernel, variant, params=params)
     env = cost.sizes_from(sizes)
     ops, (read, written), (min_read, min_written) = brute_force(
-        onf_of(kernel, "flash", params=params), sizes)
-    assert {op: model.value(n, env) for op, n in cost.ops.items()} == dict(ops)
+        onf_of(kernel, variant, params=params), sizes)
+    uncut = CAUSAL_ROWS_UNCUT in cost.assumptions
+    assert uncut == (kernel == "attention_fwdbwd_causal")
+    same = (lambda model_n, walked: model_n >= walked) if uncut else \
+        (lambda model_n, walked: model_n == walked)
+    assert set(cost.ops) == set(ops)
+    for op, n in cost.ops.items():
+        assert same(model.value(n, env), ops[op]), op
     for array, moved in cost.traffic.items():
-        assert model.value(moved.read, env) == read[array], array
+        assert same(model.value(moved.read, env), read[array]), array
         over = 2 if array == "probs" else 1  # the score row, counted twice (above)
-        assert model.value(moved.written, env) == over * written[array], array
+        assert same(model.value(moved.written, env), over * written[array]), array
     for array, moved in cost.minimum.items():
-        assert model.value(moved.read, env) == min_read[array], array
-        assert model.value(moved.written, env) == min_written[array], array
+        assert same(model.value(moved.read, env), min_read[array]), array
+        assert same(model.value(moved.written, env), min_written[array]), array
     assert set(cost.traffic) == set(read) | set(written)
 
 
@@ -215,17 +227,19 @@ def test_naive_over_dnf_traffic_grows_like_n_over_d():
     assert large_d.is_positive and large_d.is_finite  # neither grows nor vanishes with d
 
 
-@pytest.mark.parametrize("variant, params, parts", [("atomic", None, 0), ("owner", None, 1),
-                                                    ("owner", {"parts": 0}, 0)])
-def test_fused_forward_backward_moves_4nd_in_and_4nd_out(variant, params, parts):
+@pytest.mark.parametrize("variant, params, parts, panels", [
+    ("atomic", None, 0, 0), ("owner", None, 1, 3), ("owner", {"lanes": 0}, 1, 0),
+    ("owner", {"parts": 0, "lanes": 0}, 0, 0)])
+def test_fused_forward_backward_moves_4nd_in_and_4nd_out(variant, params, parts, panels):
     """The owner with the CPU's defaults (dQ from the key rows' pass, which read K and V in
-    another index form than the forward, into one part of dQ: nd more written) and with dQ
-    in its own pass (the GPU's)."""
+    another index form than the forward, into one part of dQ: nd more written; K, Q and dO
+    copied into the register tiles' panels: 3nd more), without the tiles, and with dQ in
+    its own pass (the GPU's)."""
     cost = model.predict("attention_fwdbwd", variant, params=params)
     read = sum(m.read for m in cost.minimum.values())
     written = sum(m.written for m in cost.minimum.values())
     assert sympy.expand(read - 4 * B * H * N * D) == 0
-    rest = sympy.expand(written - (4 + parts) * B * H * N * D)
+    rest = sympy.expand(written - (4 + parts + panels) * B * H * N * D)
     assert rest != 0 and D not in rest.free_symbols  # lse (and delta): a number per row
     assert sympy.Poly(cost.M, N).degree() == 1
 
@@ -406,12 +420,13 @@ def test_sass_atomics_sit_where_the_onf_puts_them(session_build_dir):
     assert sum(r.sass_atomics for r in sass.inspect("attention_fwdbwd", "owner")) == 0
 
 
-@pytest.mark.parametrize("params", [{"parts": 1, "rows": 4, "keys": 2},
-                                    {"parts": 2, "rows": 2, "keys": 2}])
+@pytest.mark.parametrize("params", [{"parts": 1, "rows": 4, "keys": 2, "lanes": 0},
+                                    {"parts": 2, "rows": 2, "keys": 2, "lanes": 0}])
 def test_model_counts_a_tuned_schedule_as_it_runs(params):
     """The owner with parts (dQ from the key rows' pass, blocks of 64 key rows): the model
     of that schedule, not of the defaults, against every iteration walked. n = 128: the
-    parts' blocks of 64 key rows are full (the view's assumptions)."""
+    parts' blocks of 64 key rows are full (the view's assumptions). Without the register
+    tiles, whose count is checked above."""
     sizes = dict(batch=1, heads=1, n=128, d=2)
     cost = model.predict("attention_fwdbwd", "owner", params=params)
     env = cost.sizes_from(sizes)
@@ -421,5 +436,5 @@ def test_model_counts_a_tuned_schedule_as_it_runs(params):
     for array, moved in cost.traffic.items():
         assert model.value(moved.read, env) == read[array], array
         assert model.value(moved.written, env) == written[array], array
-    own_pass = model.predict("attention_fwdbwd", "owner", params={"parts": 0})
+    own_pass = model.predict("attention_fwdbwd", "owner", params={"parts": 0, "lanes": 0})
     assert model.value(own_pass.flops, env) > model.value(cost.flops, env)

@@ -1,6 +1,7 @@
-"""FlashAttention's form (KeyTiles, ColumnTiles, CausalBlocks): the structure each step
-promises, the values the flash variant keeps (the ONF interpreter against numpy, plain and
-causal, at sizes with and without leftover keys, rows and columns), and what each refuses."""
+"""FlashAttention's form (KeyTiles, ColumnTiles, CausalBlocks, CausalRows): the structure
+each step promises, the values the flash variant and the fused owner keep (the ONF
+interpreter against numpy, plain and causal, at sizes with and without leftover keys, rows
+and columns), and what each refuses."""
 import numpy as np
 import pytest
 import sympy
@@ -11,6 +12,7 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import sym
 from moagen.kernels import get_kernel
 from moagen.onf.causal import CausalBlocks
+from moagen.onf.causalrows import CausalRows
 from moagen.onf.interpret import run_onf
 from moagen.onf.keytiles import ColumnTiles, KeyTiles
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
@@ -76,6 +78,41 @@ def test_causal_blocks_split_at_the_diagonal_and_keep_the_value(n):
     np.testing.assert_allclose(got["lse"], want_lse, rtol=1e-12)
 
 
+OWNER = {"rows": 4, "keys": 2, "lanes": 8, "block": 16}  # small tiles: leftovers at small n
+
+
+@pytest.mark.parametrize("causal", [False, True])
+# one row; rows, keys and columns left over; past a block of 64 query rows (70 = 64 + 6)
+@pytest.mark.parametrize("n, d", [(1, 3), (13, 5), (70, 4)])
+def test_owner_in_the_flash_form_keeps_the_value(causal, n, d):
+    kernel = "attention_fwdbwd_causal" if causal else "attention_fwdbwd"
+    onf = onf_of(kernel, "owner", params=OWNER)
+    rng = np.random.default_rng(3)
+    arrays = {name: rng.standard_normal((1, 2, n, d)) for name in ("Q", "K", "V", "dO")}
+    got = run_onf(onf, arrays, {"scale": 0.4})
+    want = reference.attention_fwdbwd_numpy(*arrays.values(), 0.4, causal=causal)
+    for name, value in zip(("O", "lse", "dQ", "dK", "dV"), want):
+        np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=1e-13, err_msg=name)
+
+
+def test_causal_rows_start_each_key_tile_at_its_first_query_rows():
+    """The causal owner's key rows' pass (tiles of 4 key rows, blocks of 64 query rows):
+    every loop over a block's query rows starts at the tile's first key rounded down to 8
+    rows (k0 // 8 below), or at the block's start if later; KeyTiles, after, tiles the
+    scores' loop by 8 rows from there."""
+    onf = onf_of("attention_fwdbwd_causal", "owner", params=OWNER)
+    keys = next(n for n in onf.nests if n.label == "keys")
+    starts = {str(s.start) for s in walk(keys.body)
+              if isinstance(s, Loop) and s.var.name in ("i", "i_tile")}
+    k0 = "idiv(4*j_in_tile + j_part, 8)"
+    assert starts == {
+        f"Max(8*i_blk, {k0})",  # the score tiles (8 rows a step)
+        "8*idiv(Min(n, 64*i_blk + 64), 8)",  # the rows after them: as KeyTiles leaves it
+        f"8*Max(8*i_blk, {k0})",  # the probabilities (a row a step)
+        f"4*Max(8*i_blk, {k0})",  # the additions (2 rows a step)
+        f"Max(8*{k0}, 2*idiv(Min(n, 64*i_blk + 64), 2))"}  # and the row after them
+
+
 def _scores():
     """p[i, j] = sum_c a[i, c] b[j, c]."""
     body = (Let("s", S.Num(0.0)),
@@ -134,6 +171,14 @@ def test_refusals():
         onf_of("attention_fwd", "flash", params={"rows": 4, "lanes": 24})
     with pytest.raises(ScheduleError, match="no loop over j_blk"):
         CausalBlocks("p")(_scores())
+    # the plain owner's key rows: no score masked
+    plain = get_kernel("attention_fwdbwd").onf("owner", params=OWNER, upto=18)
+    with pytest.raises(ScheduleError, match="whose scores are masked"):
+        CausalRows("keys", "j_in_tile", "i", 8)(plain)
+    # 3 rows are not whole steps of the additions' two rows a step
+    causal = get_kernel("attention_fwdbwd_causal").onf("owner", params=OWNER, upto=18)
+    with pytest.raises(ScheduleError, match="not whole steps"):
+        CausalRows("keys", "j_in_tile", "i", 3)(causal)
     with pytest.raises(ScheduleError, match="no score in the loop over j_blk is masked"):
         # the plain kernel's ONF where the causal one has its CausalBlocks: the rows jammed
         jammed = get_kernel("attention_fwd").onf("flash", params={"rows": 4}, upto=6)

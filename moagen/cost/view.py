@@ -14,6 +14,11 @@ idiv(8*i_tile + 7, 64)) is cut into periods: i_tile = 8*t + r, r in [0, 8), wher
 number at each r, whose few values the count adds one by one (assuming the period divides
 the loop's count: 64 divides n). Without the cut sympy leaves the sums over such bounds
 unevaluated, after minutes of trying.
+
+A loop started past the rows that see no key of a causal tile (CausalRows: max(s, k0 // A)
+rows, k0 the tile's first key) is counted from s, as if not cut: sympy does not sum over
+such a maximum in reasonable time either. The count of a causal backward's key rows' pass is
+then an over-count (up to twice the rows it walks), recorded with the assumptions.
 """
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -67,7 +72,11 @@ def counting_view(onf: ONF) -> View:
     def bound(e, maxima, parts):
         """A loop bound with its tiles full, inside divisions too: the count of a block's
         keys taken f at a time, idiv(Min(n, 64 b + 64) - 64 b, f), is 64 / f."""
-        return divide(_full_tiles(divide(equal_parts(sympy.sympify(e), parts)), maxima))
+        e = divide(_full_tiles(divide(equal_parts(sympy.sympify(e), parts)), maxima))
+        uncut = _uncut_causal_rows(e, sizes)
+        if uncut != e:
+            assumed.append(CAUSAL_ROWS_UNCUT)
+        return uncut
 
     def stmt(s, maxima, parts):
         if isinstance(s, Loop):
@@ -93,6 +102,22 @@ def counting_view(onf: ONF) -> View:
 
     nests = tuple(replace(n, body=block(n.body, {}, {})) for n in onf.nests)
     return View(tuple(n for n in nests if n.body), tuple(dict.fromkeys(assumed)))
+
+
+CAUSAL_ROWS_UNCUT = "the causal rows' cut not counted (an over-count of the key rows' pass)"
+
+
+def _uncut_causal_rows(e, sizes):
+    """e with each max(s, k0 // A) of CausalRows replaced by s: the argument that divides
+    a loop variable (the tile's first key) dropped."""
+    def by_loop(arg):
+        return any(isinstance(x, idiv) and not x.free_symbols <= sizes
+                   for x in sympy.preorder_traversal(arg))
+
+    def uncut(m):
+        kept = [a for a in m.args if not by_loop(a)]
+        return sympy.Max(*kept) if kept and len(kept) < len(m.args) else m
+    return e.replace(lambda x: isinstance(x, sympy.Max), uncut)
 
 
 def _full_tiles(e, maxima):

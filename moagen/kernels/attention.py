@@ -79,21 +79,39 @@ def _online(rows, keys):
                            "cuda": (GpuThreads(parallel, nest="rows"),)})
 
 
-def _flash(rows, lanes, block, causal):
-    """FlashAttention's form: the online pass over blocks of `block` keys with `rows` query
-    rows together, and both products of a block as register tiles (rows x `lanes` sums): the
+def flash_tiles(nest, rows, lanes, causal):
+    """FlashAttention's form of a nest's online pass over blocks of keys j: `rows` query rows
+    i together, and both products of a block as register tiles (rows x `lanes` sums): the
     scores against K packed in panels of `lanes` keys (K transposed, one copy per call), the
     output by tiles of `lanes` columns kept in registers over the block's keys. Causal
     (CausalBlocks, on the row tiles and on the rows left over after them): the key blocks
     past a tile's last row are not visited, those before its diagonal run unmasked, only the
     diagonal blocks select."""
-    together = rows_together("rows", "i", rows)
-    masked = (CausalBlocks("rows"), *(CausalBlocks(jam.edge) for jam in together)) \
+    together = rows_together(nest, "i", rows)
+    masked = (CausalBlocks(nest), *(CausalBlocks(jam.edge) for jam in together)) \
         if causal else ()
+    return (*together, *masked, KeyTiles(nest, "j", lanes), ColumnTiles(nest, "j", "c", lanes))
+
+
+def flash_params(n: int, d: int, causal: bool) -> dict:
+    """The parameters of a kernel in FlashAttention's form (attention_fwd's flash,
+    attention_fwdbwd's owner) for sizes where its defaults, chosen at n 1024-8192 and d
+    64-128, lose: tiles 16 lanes wide when d < 32 (float32's 32 lanes would leave every
+    output column to the remainder loop), and blocks of 16 keys for causal sequences up to
+    256 (only the diagonal blocks select; at n 64 a block of 64 keys is all diagonal). The
+    others are the defaults. Measured in docs/PERFORMANCE.md ("Attention at a small model's
+    sizes")."""
+    params = {"lanes": 16} if d < 32 else {}
+    if causal and n <= 256:
+        params.update(block=16, lanes=16)
+    return params
+
+
+def _flash(rows, lanes, block, causal):
+    """The online pass over blocks of `block` keys in FlashAttention's form (flash_tiles)."""
     parallel = ROWS[:-1] + (tiled("i", rows),)
     return Layers(algorithm=ROW_PASS + (OnlineSoftmax("rows", block=block),),
-                  schedule=(LowerReductions(), *together, *masked,
-                            KeyTiles("rows", "j", lanes), ColumnTiles("rows", "j", "c", lanes)),
+                  schedule=(LowerReductions(), *flash_tiles("rows", rows, lanes, causal)),
                   mapping={"cpu": (Parallel(parallel, nest="rows", interleave=True),),
                            "cuda": (GpuThreads(parallel, nest="rows"),)})
 

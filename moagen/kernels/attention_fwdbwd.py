@@ -13,10 +13,17 @@ stored. Two ONFs of the same DNF:
   rows' pass adds dS K into one buffer per part of the keys, summed after (PartBuffers);
   the number of parts, not of threads, fixes the order of the additions; blocks of 64 key
   rows sweep the query rows together, so that each query block is read once per key block
-  (BlockInterchange), not once per few key rows.
+  (BlockInterchange), not once per few key rows. With lanes > 0 (the CPU's form) every
+  product is a register tile: the forward in FlashAttention's form (attention.flash_tiles,
+  the causal kernel's key blocks past the diagonal skipped), and the key rows' scores and
+  dO V^T against `lanes` query rows at a time (KeyTiles over the query rows, Q and dO packed
+  in panels), FlashAttention-2's backward tiles.
 """
+import math
+from functools import partial
+
 from moagen import reference
-from moagen.kernels.attention import (CHECK_SIZES, KEY_BLOCK, ON_HEADS, K, Q, V,
+from moagen.kernels.attention import (CHECK_SIZES, KEY_BLOCK, ON_HEADS, K, Q, V, flash_tiles,
                                       softmax_parts, softmax_scale)
 from moagen.kernels.attention_bwd import BH, DO, EXTENTS, gradients
 from moagen.kernels.cases import Check, references
@@ -24,9 +31,11 @@ from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import inner, lift, log, named, omega, psi
 from moagen.moa.spec import KernelSpec, Output
+from moagen.onf.causalrows import CausalRows
 from moagen.onf.fusion import FuseNests, Scatter
 from moagen.onf.interchange import BlockInterchange
 from moagen.onf.keyblocks import KeyBlocks
+from moagen.onf.keytiles import KeyTiles
 from moagen.onf.online import OnlineSoftmax
 from moagen.onf.partials import PartBuffers
 from moagen.onf.reductions import LowerReductions
@@ -59,11 +68,16 @@ def spec(causal: bool) -> KernelSpec:
 QUERY_ROWS, KEY_ROWS = ("b", "h", "i"), ("b", "h", "j")
 
 
-def _owner(rows, keys, parts):
-    """The forward in one pass over blocks of keys (online softmax), the backward nests by
-    blocks of the other side's rows (KeyBlocks: a block's probabilities one vector loop); in
-    each of the three nests `rows` query (or key) rows walk the other side together; the
-    query rows' nests add `keys` of its rows at a time into theirs.
+def _owner(rows, keys, parts, lanes, block, causal):
+    """The forward in one pass over blocks of `block` keys (online softmax), the backward
+    nests by blocks of the other side's rows (KeyBlocks: a block's probabilities one vector
+    loop); in each of the three nests `rows` query (or key) rows walk the other side
+    together; the query rows' nests add `keys` of its rows at a time into theirs.
+
+    lanes > 0: the products as register tiles `lanes` wide, the forward's in
+    FlashAttention's form (flash_tiles, which also skips the causal kernel's key blocks past
+    the diagonal), the backward's scores and dO V^T of the walking rows against `lanes` of
+    the other side's (KeyTiles). lanes = 0: one row of the other side at a time.
 
     parts > 0: no dQ pass. The key rows' pass adds each dS K into dQ as well (dQ scattered
     over keys, its dS shared with dK's), into one buffer per part of the keys of a head
@@ -77,7 +91,7 @@ def _owner(rows, keys, parts):
                  FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),
                  FuseNests(("dK", "dV", "dQ") if parts else ("dK", "dV"), over=KEY_ROWS,
                            name="keys"),
-                 Hoist(), OnlineSoftmax("forward", block=KEY_BLOCK), LowerReductions())
+                 Hoist(), OnlineSoftmax("forward", block=block), LowerReductions())
     if parts:
         key_blocks, split = KeyBlocks("keys", "i", KEY_BLOCK), PartBuffers("keys", "j", "dQ", parts)
         algorithm += (key_blocks, split)
@@ -91,7 +105,18 @@ def _owner(rows, keys, parts):
     schedule, mapping = (), ()
     for nest, loops, other in passes:
         jammed = loops[-1]
-        schedule += keys_summed(nest, keys, loop=other) + rows_together(nest, jammed, rows)
+        if nest == "forward" and lanes:
+            # its output tiles stay in registers over a block's keys: no keys summed
+            schedule += flash_tiles(nest, rows, lanes, causal)
+        else:
+            together = rows_together(nest, jammed, rows)
+            schedule += keys_summed(nest, keys, loop=other) + together
+            if nest == "keys" and lanes and causal:
+                # each tile of key rows (and each key row after them) starts at the first
+                # query rows that see its keys, on a whole register tile of them
+                align = math.lcm(lanes, keys)
+                schedule += (CausalRows(nest, tiled(jammed, rows), other, align),
+                             *(CausalRows(jam.edge, jammed, other, align) for jam in together))
         # with parts the key rows' pass is parallel over its parts, the rows inside them
         parallel = ("b", "h", split.part) if parts and nest == "keys" else \
             loops[:-1] + (tiled(jammed, rows),)
@@ -101,6 +126,8 @@ def _owner(rows, keys, parts):
         # for them
         schedule += (BlockInterchange("keys", tiled(split.within, rows), key_blocks.blocks,
                                       KEY_BLOCK // rows),)
+    if lanes:
+        schedule += tuple(KeyTiles(nest, other, lanes) for nest, _, other in passes[1:])
     # the key rows' additions into dK, dV (and dQ's part) a loop each
     schedule += (Distribute("c"),)
     return Layers(algorithm, schedule, cpu(*mapping, *extra))
@@ -117,19 +144,29 @@ ATOMIC = (frozenset(), Layers(
                 *(Parallel(KEY_ROWS, nest=s.zero) for s in dK_dV_SCATTERED))))
 
 
-# on a CPU dQ comes from the key rows' pass, in one part (the heads already feed the
-# threads): what `moagen tune` chose on the development machines at d 64 and 128. On a GPU
-# dQ keeps its pass (parts 0): that pass runs a thread per query row, the parts only one per
-# part of a head's keys
-VARIANTS = {"atomic": ATOMIC,
-            "owner": Tunable(frozenset({"delta"}), _owner,
-                             defaults={"rows": 4, "keys": 2, "parts": 1},
-                             space={"rows": (1, 2, 4, 8), "keys": (1, 2, 4),
-                                    "parts": (0, 1, 2, 4)},
-                             cuda={"keys": 4, "parts": 0})}
+def variants(causal: bool):
+    """The variants of the plain or the causal kernel (the causal owner skips key blocks in
+    its forward).
+
+    On a CPU dQ comes from the key rows' pass, in one part (the heads already feed the
+    threads), and every product is a register tile of 8 rows by two vector registers (16
+    float64, 32 float32 lanes); the causal forward walks blocks of 32 keys, so that fewer
+    of its scores are on the diagonal blocks that select (docs/PERFORMANCE.md, "The owner in
+    FlashAttention's form"). On a GPU dQ keeps its pass (parts 0): that pass runs a thread
+    per query row, the parts only one per part of a head's keys; a thread walks the other
+    side a row at a time (lanes 0)."""
+    return {"atomic": ATOMIC,
+            "owner": Tunable(frozenset({"delta"}), partial(_owner, causal=causal),
+                             defaults={"rows": 8, "keys": 2, "parts": 1, "lanes": 16,
+                                       "block": 32 if causal else KEY_BLOCK},
+                             space={"rows": (4, 8), "keys": (1, 2, 4), "parts": (0, 1, 2),
+                                    "lanes": (0, 16, 32)},
+                             cuda={"rows": 4, "keys": 4, "parts": 0, "lanes": 0,
+                                   "block": KEY_BLOCK},
+                             dtypes={"float32": {"lanes": 32}})}
 
 
-KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]
+KERNELS = [(spec(False), variants(False)), (spec(True), variants(True))]
 
 # what verification and the benchmarks run these kernels on (moagen.kernels.cases)
 CHECKS = {name: Check(references(reference.attention_fwdbwd_numpy,

@@ -1,0 +1,109 @@
+"""Causal attention's backward by rows: the query rows before a tile of keys see none of them.
+
+In the key rows' pass of a causal backward (attention_fwdbwd's owner: dK, dV and dQ's part
+for a tile of key rows j, walking the query rows i by blocks) the score of row i and key j is
+`i >= j ? s : -inf`: its probability exp(-inf - lse) is 0, and so is dS = p (dP - delta), and
+each term the row adds into dK, dV and dQ's part is a product with one of them. The rows
+before the tile's first key k0 see none of its keys: they add zeros (x + 0 = x, bit for bit).
+So, inside the tile's loop, every loop over the rows of a block starts past them:
+
+    for i in [s, e): ..        ->   for i in [max(s, L), e): ..          L = A (k0 // A)
+    for i_tile in [s, e): ..   ->   for i_tile in [max(s, L / r), e): .. (r rows an iteration)
+
+with L rounded down to A rows, so that the tiles later steps make of the rows (KeyTiles'
+lanes; UnrollSum's rows, made before) still line up. A causal backward then walks about half
+of the scores; blocks wholly before the tile run no iteration.
+
+Checked: every score the tile's loop masks is masked as `i >= key` with -inf, i the rows'
+loop variable and the key free of it (its smallest key is k0), and A is a whole number of
+each rows loop's rows. That every term a row adds is a product with its masked probability is
+the form of attention's gradients (attention_bwd.gradients), not checked here: the interpreter
+and the references check the results.
+"""
+from dataclasses import dataclass, replace
+
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.moa.expr import divides, idiv
+from moagen.onf.loops import Loop, ONF, find_nest, rewrite_loops, stmt_exprs, walk
+from moagen.onf.names import loop_role
+from moagen.onf.step import Step
+
+MASKED = S.Num(float("-inf"))
+
+
+@dataclass(frozen=True)
+class CausalRows(Step):
+    nest: str
+    tile: str  # the loop over tiles of key rows
+    rows: str = "i"  # the query rows: loops over them, or over tiles of them (rows_tile)
+    align: int = 1  # A: the rows' first kept row is a multiple of it
+
+    def __str__(self):
+        return f"causal_rows({self.nest}, {self.tile}, {self.rows}, {self.align})"
+
+    def __call__(self, onf: ONF) -> ONF:
+        nest = find_nest(onf, self.nest, self)
+        body, count = rewrite_loops(
+            nest.body, lambda loop: loop.var.name == self.tile and bool(self._keys(loop)),
+            lambda loop, scope: [replace(loop, body=self._cut(loop))])
+        if not count:
+            raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.tile} whose "
+                                "scores are masked")
+        return onf.with_nests([replace(n, body=body) if n is nest else n
+                               for n in onf.nests], str(self))
+
+    def _keys(self, tile: Loop):
+        """The keys of the tile's masked scores, `row >= key ? s : -inf`."""
+        keys = []
+        for s in walk(tile.body):
+            for e in (x for ex in stmt_exprs(s) for x in S.subexpressions(ex)):
+                if isinstance(e, S.Select) and e.other == MASKED:
+                    keys.append(self._key(e.cond))
+        return keys
+
+    def _key(self, cond):
+        if (isinstance(cond, sympy.GreaterThan) and isinstance(cond.lhs, sympy.Symbol)
+                and cond.lhs.name == self.rows and cond.lhs not in cond.rhs.free_symbols):
+            return cond.rhs
+        raise ScheduleError(f"{self}: a score is masked by {cond}, not as {self.rows} >= a key: "
+                            "the rows before the keys cannot be told apart")
+
+    def _cut(self, tile: Loop):
+        first = sympy.Min(*self._keys(tile))
+        kept = idiv(first, self.align) if self.align > 1 else first  # L / A
+        tiled = loop_role(self.rows, "tile")
+        one_row = [s for s in walk(tile.body) if isinstance(s, Loop) and s.var.name == self.rows]
+
+        def rows_per_iteration(loop):
+            if loop.var.name == self.rows:
+                return sympy.Integer(1)
+            # a tile's loop starts where the rows' loop of its block does, over r rows a step
+            for other in one_row:
+                for block in loop.start.free_symbols & other.start.free_symbols:
+                    return sympy.diff(other.start, block) / sympy.diff(loop.start, block)
+            raise ScheduleError(f"{self}: no loop over {self.rows} beside {loop.var} tells how "
+                                "many rows it takes a step")
+
+        def start(loop):
+            r = rows_per_iteration(loop)
+            if not (r.is_Integer and self.align % r == 0):
+                raise ScheduleError(f"{self}: {self.align} rows are not whole steps of the "
+                                    f"loop over {loop.var} ({r} rows a step)")
+            a = self.align // int(r)
+            if divides(a, loop.start):  # a multiple of a, as later tiles of a rows need
+                return a * sympy.Max(sympy.expand(loop.start / a), kept)
+            return sympy.Max(loop.start, a * kept)
+
+        def cut(stmts):
+            for s in stmts:
+                if isinstance(s, Loop) and s.var.name in (self.rows, tiled):
+                    yield replace(s, start=start(s), body=tuple(cut(s.body)))
+                elif isinstance(s, Loop):
+                    yield replace(s, body=tuple(cut(s.body)))
+                else:
+                    yield s
+
+        return tuple(cut(tile.body))
