@@ -53,6 +53,16 @@ def test_attention_is_sdpa_and_passes_gradcheck(causal, kv_heads, lang):
         lambda q, k, v: mt.attention(q, k, v, causal=causal, scale=0.3, lang=lang), (q, k, v))
 
 
+# the forward's schedules past the short sequences' (moagen.kernels.attention.flash_params): a
+# float32 head under 32 wide, and the flash kernel's defaults
+@pytest.mark.parametrize("n, d, causal, dtype, rtol", [(300, 20, True, torch.float32, 2e-6),
+                                                       (300, 40, False, F64, 1e-12)])
+def test_attention_forward_past_the_short_sequences_is_sdpa(n, d, causal, dtype, rtol):
+    q, k, v = (_randn(1, 2, n, d, dtype=dtype).detach() for _ in range(3))
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+    _close(mt.attention(q, k, v, causal=causal).double(), want, rtol)
+
+
 def test_attention_in_float32_and_on_non_contiguous_inputs():
     q, k, v = (_randn(1, 7, 2, 5, dtype=torch.float32).transpose(1, 2) for _ in range(3))
     assert not q.is_contiguous()

@@ -1,10 +1,14 @@
 """Attention as a PyTorch operator, in scaled_dot_product_attention's conventions: q, k, v of
 shape (batch, heads, n, d), scale 1/sqrt(d) unless given, optionally causal.
 
-    forward   O by the `online` kernel (one pass over key blocks, O(n d) memory)
+    forward   O by the `flash` kernel (one pass over key blocks with both products register
+              tiles, O(n d) memory)
     backward  dQ, dK, dV by the fused `owner` kernel (attention_fwdbwd): it recomputes O and
               the row logsumexp in the same pass, so only q, k, v are saved; its dK and dV
               have no atomics, so the gradients are the same bits on any thread count.
+
+Both kernels' schedules are fitted to the sequence length and head size
+(moagen.kernels.attention.flash_params).
 
 owner rather than attention_bwd (which reads a saved O and lse): owner with its forward
 recomputed took 0.04 s against attention_bwd's 0.10 s (float64, 2 x 4 heads x 512 x 64,
@@ -21,10 +25,16 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from moagen.kernels.attention import flash_params
 from moagen.torch_ops.native import (call, causal_name, check_dims, check_lang, check_size,
                                      check_tensors)
 
 SHAPE = "(batch, heads, n, d)"
+
+
+def fitted(q: Tensor, causal: bool):
+    """The kernels' schedule parameters fitted to q's sequence length and head size."""
+    return flash_params(q.shape[2], q.shape[3], causal).items()
 
 
 def _check(op, q, k, v, lang):
@@ -48,7 +58,8 @@ def _check(op, q, k, v, lang):
 @torch.library.custom_op("moagen::attention", mutates_args=())
 def attention_op(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, lang: str) -> Tensor:
     _check("moagen::attention", q, k, v, lang)
-    out, _lse = call(causal_name("attention_fwd", causal), "online", lang, q, k, v, scale=scale)
+    out, _lse = call(causal_name("attention_fwd", causal), "flash", lang, q, k, v, scale=scale,
+                     params=fitted(q, causal))
     return out
 
 
@@ -63,7 +74,7 @@ def attention_backward_op(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, cau
                           scale: float, lang: str) -> tuple[Tensor, Tensor, Tensor]:
     _check("moagen::attention_backward", q, k, v, lang)
     _out, _lse, dq, dk, dv = call(causal_name("attention_fwdbwd", causal), "owner", lang,
-                                  q, k, v, grad_out, scale=scale)
+                                  q, k, v, grad_out, scale=scale, params=fitted(q, causal))
     return dq, dk, dv
 
 

@@ -60,9 +60,10 @@ def check_size(op, what, got, expected):
 
 
 @lru_cache(maxsize=None)
-def kernel(name, variant, lang, dtype):
-    """A loaded kernel, once per process (moagen.load builds and binds)."""
-    return moagen.load(name, variant, lang=lang, dtype=dtype)
+def kernel(name, variant, lang, dtype, params=()):
+    """A loaded kernel, once per process (moagen.load builds and binds); params: schedule
+    parameters as (name, value) pairs, () for the defaults (or this machine's tuning)."""
+    return moagen.load(name, variant, lang=lang, dtype=dtype, params=dict(params) or None)
 
 
 def host_array(t):
@@ -70,10 +71,10 @@ def host_array(t):
     return t.detach().contiguous().numpy()
 
 
-def call(name, variant, lang, *tensors, **scalars):
+def call(name, variant, lang, *tensors, params=(), **scalars):
     """The kernel on the tensors; its outputs as tensors sharing the arrays' memory (a tuple
-    when it has several)."""
-    fn = kernel(name, variant, lang, DTYPES[tensors[0].dtype])
+    when it has several). params: as kernel's."""
+    fn = kernel(name, variant, lang, DTYPES[tensors[0].dtype], tuple(sorted(params)))
     result = fn(*(host_array(t) for t in tensors), **scalars)
     if result is None:
         return None
