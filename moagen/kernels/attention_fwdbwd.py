@@ -123,7 +123,7 @@ def _owner(rows, keys, parts, lanes, block, causal):
         # the forward's row tiles go to the threads in turn, as the flash variant's: a causal
         # tile sees more keys than the one before it (contiguous chunks left the second
         # thread three quarters of the work: 0.71 of the plain kernel's time at n 4096,
-        # 0.58 interleaved)
+        # 0.59 interleaved)
         mapping += (Parallel(parallel, nest=nest, interleave=nest == "forward"),)
     if parts and rows < KEY_BLOCK:
         # blocks of 64 key rows sweep the query blocks together: a query block is read once
@@ -149,8 +149,9 @@ ATOMIC = (frozenset(), Layers(
 
 
 def variants(causal: bool):
-    """The variants of the plain or the causal kernel (the causal owner skips key blocks in
-    its forward).
+    """The variants of the plain or the causal kernel (on a CPU the causal owner skips the
+    key blocks past each query tile in its forward, the query rows before each key tile in
+    its key rows' pass).
 
     On a CPU dQ comes from the key rows' pass, in one part (the heads already feed the
     threads), and every product is a register tile of 8 rows by two vector registers (16
