@@ -80,21 +80,29 @@ class CausalBlocks(Step):
 
     def _row(self, select, key):
         """r of a score masked as `r >= key ? s : -inf`."""
-        cond = select.cond
-        if (select.other == S.Num(float("-inf")) and isinstance(cond, sympy.GreaterThan)
-                and cond.rhs == key and key not in cond.lhs.free_symbols):
-            return cond.lhs
-        if (select.other == S.Num(float("-inf")) and isinstance(cond, sympy.LessThan)
-                and cond.lhs == key and key not in cond.rhs.free_symbols):
-            return cond.rhs
-        raise ScheduleError(f"{self}: a score is masked by {cond}, not as a row >= the key: "
-                            "blocks past the rows cannot be told apart")
+        pair = mask_sides(select.cond) if select.other == MASKED else None
+        if pair and pair[1] == key and key not in pair[0].free_symbols:
+            return pair[0]
+        raise ScheduleError(f"{self}: a score is masked by {select.cond}, not as a row >= the "
+                            "key: blocks past the rows cannot be told apart")
+
+
+MASKED = S.Num(float("-inf"))  # a masked score's value
+
+
+def mask_sides(cond):
+    """(r, k) of a mask's condition r >= k (or k <= r); None for any other condition."""
+    if isinstance(cond, sympy.GreaterThan):
+        return cond.lhs, cond.rhs
+    if isinstance(cond, sympy.LessThan):
+        return cond.rhs, cond.lhs
+    return None
 
 
 def _unmasked(stmts):
     """stmts with every masked score `r >= j ? s : -inf` replaced by s."""
     def unmask(e):
-        if isinstance(e, S.Select) and e.other == S.Num(float("-inf")):
+        if isinstance(e, S.Select) and e.other == MASKED:
             return unmask(e.then)
         return S.map_children(e, unmask)
 

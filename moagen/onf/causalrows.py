@@ -27,11 +27,10 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
+from moagen.onf.causal import MASKED, mask_sides
 from moagen.onf.loops import Loop, ONF, find_nest, rewrite_loops, stmt_exprs, walk
 from moagen.onf.names import loop_role
 from moagen.onf.step import Step
-
-MASKED = S.Num(float("-inf"))
 
 
 @dataclass(frozen=True)
@@ -65,9 +64,9 @@ class CausalRows(Step):
         return keys
 
     def _key(self, cond):
-        if (isinstance(cond, sympy.GreaterThan) and isinstance(cond.lhs, sympy.Symbol)
-                and cond.lhs.name == self.rows and cond.lhs not in cond.rhs.free_symbols):
-            return cond.rhs
+        row, key = mask_sides(cond) or (None, None)
+        if isinstance(row, sympy.Symbol) and row.name == self.rows and row not in key.free_symbols:
+            return key
         raise ScheduleError(f"{self}: a score is masked by {cond}, not as {self.rows} >= a key: "
                             "the rows before the keys cannot be told apart")
 
