@@ -29,7 +29,7 @@ verify-cuda-emulated: $(VENV)/.installed  # every CUDA kernel run on the host, n
 .PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks gpu-dry-run test bench clean
 
 test: $(VENV)/.installed
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n auto --dist loadfile  # every core, a file's tests on one
 
 bench: $(VENV)/.installed  # the full sweep; BENCH_ARGS=--quick for a sanity run
 	$(MOAGEN) bench $(BENCH_ARGS)

@@ -1,3 +1,4 @@
+import os
 import types
 
 import pytest
@@ -83,7 +84,12 @@ def scale_rows():
 @pytest.fixture(scope="session")
 def session_build_dir(tmp_path_factory):
     """A build directory shared by the tests that load kernels, so each builds once."""
-    path = tmp_path_factory.mktemp("build")
+    # under pytest-xdist every worker shares one folder (its builds are atomic renames)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        path = tmp_path_factory.getbasetemp().parent / "build"
+        path.mkdir(exist_ok=True)
+    else:
+        path = tmp_path_factory.mktemp("build")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MOAGEN_BUILD_DIR", str(path))
         yield path
