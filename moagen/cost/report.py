@@ -57,7 +57,12 @@ def cost_json(cost: Cost, env: Optional[dict] = None) -> dict:
             "traffic": {a: {"read": q(m.read), "written": q(m.written)} for a, m in cost.traffic.items()},
             "scratch": q(cost.scratch_bytes), "atomics": {a: q(n) for a, n in cost.atomics.items()},
             "working_set": q(cost.itemsize * cost.working_set),
-            "cache_assumption": CACHE_ASSUMPTION, "assumptions": list(cost.assumptions)}
+            "cache_assumption": CACHE_ASSUMPTION, "assumptions": list(cost.assumptions),
+            "notation": NOTATION}
+
+
+# the expressions' one function that is not sympy's (the sizes of tiled buffers use it)
+NOTATION = "idiv(a, b): the integer quotient floor(a / b)"
 
 
 def measured_json(cost: Cost, env: dict, counts, line: int) -> dict:

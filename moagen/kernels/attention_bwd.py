@@ -11,18 +11,31 @@ spec by moagen.moa.grad and its rewrites (not written by hand):
 Its intermediates P (the forward's probs) and dS (the cotangent of the scores, scale
 included) are named as the variants materialize them.
 """
+import math
+from functools import partial
+
 from moagen import reference
 from moagen.kernels import attention
-from moagen.kernels.attention import CHECK_SIZES, ON_HEADS, K, Q, V, softmax_scale
+from moagen.kernels.attention import (CHECK_SIZES, KEY_BLOCK, ON_HEADS, K, Q, V, flash_tiles,
+                                      softmax_scale)
 from moagen.kernels.cases import Check, references
 from moagen.kernels.chain import backward
 from moagen.kernels.layers import Layers, cpu
+from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import array, psi
 from moagen.moa.grad import grad
 from moagen.moa.rewrites import substitute
 from moagen.moa.spec import KernelSpec
+from moagen.onf.causalrows import CausalRows
 from moagen.onf.fusion import FuseNests, Scatter
-from moagen.onf.schedule import Accumulate, Hoist, Parallel
+from moagen.onf.interchange import BlockInterchange
+from moagen.onf.keyblocks import KeyBlocks
+from moagen.onf.keytiles import KeyTiles
+from moagen.onf.online import OnlineSoftmax
+from moagen.onf.partials import PartBuffers
+from moagen.onf.reductions import LowerReductions
+from moagen.onf.schedule import Accumulate, Distribute, Hoist, Parallel
+from moagen.onf.unroll import keys_summed, rows_together, tiled
 
 O = array("O", "batch", "heads", "n", "d")
 DO = array("dO", "batch", "heads", "n", "d")
@@ -62,26 +75,129 @@ OWNERS = (Parallel(QUERY_ROWS, nest="dQ"), Parallel(KEY_ROWS, nest="dK"),
 SPREAD = (Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="dK"),
           Accumulate("c", over="i", nest="dV"))
 SCATTER_DK = Scatter("dK", over="i", outer=("b", "h"))
-VARIANTS = {
-    # the n x n P and dS go to memory, as a framework's backward does
-    "naive": (frozenset({"P", "dS", "delta"}), Layers(
-        algorithm=(Hoist(),),
-        mapping=cpu(*(Parallel(QUERY_ROWS, nest=n) for n in ("P", "dS", "delta")), *OWNERS))),
-    # each softmax row recomputed from Q, K and lse; only delta (one number a row) is stored
-    "dnf": (frozenset({"delta"}), Layers(algorithm=SPREAD + (Hoist(),),
-                                         mapping=cpu(Parallel(QUERY_ROWS, nest="delta"),
-                                                     *OWNERS))),
-    # dQ and dK in one pass over query rows, dK's updates atomic: the separate backward
-    # the fused kernel's atomics are counted against
-    "atomic": (frozenset({"delta"}), Layers(
-        algorithm=(Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="dV"),
-                   SCATTER_DK, FuseNests(("dQ", "dK"), over=QUERY_ROWS, name="rows"), Hoist()),
-        mapping=cpu(Parallel(QUERY_ROWS, nest="delta"), Parallel(QUERY_ROWS, nest="rows"),
-                    Parallel(KEY_ROWS, nest=SCATTER_DK.zero), Parallel(KEY_ROWS, nest="dV")))),
-}
+
+
+def owner(rows, keys, parts, lanes, causal, block=None):
+    """The backward by key rows that own their dK and dV rows (no atomics), the passes by
+    blocks of the other side's rows (KeyBlocks: a block's probabilities one vector loop);
+    in each pass `rows` query (or key) rows walk the other side together; the query rows'
+    pass adds `keys` of its rows at a time into theirs.
+
+    block None: the backward alone (this kernel), O and lse read, delta a pass of its own.
+    block: the fused kernel's (attention_fwdbwd), a forward pass first that computes O, lse
+    and delta in one pass over blocks of `block` keys (online softmax).
+
+    lanes > 0: the products as register tiles `lanes` wide, the forward's in
+    FlashAttention's form (flash_tiles, which also skips the causal kernel's key blocks past
+    the diagonal), the backward's scores and dO V^T of the walking rows against `lanes` of
+    the other side's (KeyTiles): FlashAttention-2's backward. lanes = 0: one row of the
+    other side at a time.
+
+    parts > 0: no dQ pass. The key rows' pass adds each dS K into dQ as well (dQ scattered
+    over keys, its dS shared with dK's), into one buffer per part of the keys of a head
+    (PartBuffers), summed after: six n x n x d products instead of nine (the fused
+    kernel's count), and the key rows' pass runs in parallel over heads and parts rather
+    than over key rows; it sweeps the query blocks by blocks of 64 key rows
+    (BlockInterchange)."""
+    forward = block is not None
+    scatter_dq = Scatter("dQ", over="j", outer=("b", "h"))
+    algorithm = ((Accumulate("c", over="j", nest="O"),) if forward else ()) + (
+        scatter_dq if parts else Accumulate("c", over="j", nest="dQ"),
+        Accumulate("c", over="i", nest="dK"), Accumulate("c", over="i", nest="dV"))
+    if forward:
+        algorithm += (FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),)
+    algorithm += (FuseNests(("dK", "dV", "dQ") if parts else ("dK", "dV"), over=KEY_ROWS,
+                            name="keys"), Hoist())
+    if forward:
+        algorithm += (OnlineSoftmax("forward", block=block),)
+    algorithm += (LowerReductions(),)
+    passes = (("forward", QUERY_ROWS, "j"),) if forward else ()
+    if parts:
+        key_blocks, split = KeyBlocks("keys", "i", KEY_BLOCK), PartBuffers("keys", "j", "dQ", parts)
+        algorithm += (key_blocks, split)
+        passes += (("keys", ("b", "h", split.within), "i"),)
+        extra = (Parallel(("b", "h", split.part), nest=split.zero),
+                 Parallel(QUERY_ROWS, nest=split.merge))
+    else:
+        algorithm += (KeyBlocks("dQ", "j", KEY_BLOCK), KeyBlocks("keys", "i", KEY_BLOCK))
+        passes += (("dQ", QUERY_ROWS, "j"), ("keys", KEY_ROWS, "i"))
+        extra = ()
+    if not forward:
+        extra += (Parallel(QUERY_ROWS, nest="delta"),)
+    schedule, mapping = (), ()
+    for nest, loops, other in passes:
+        jammed = loops[-1]
+        if nest == "forward" and lanes:
+            # its output tiles stay in registers over a block's keys: no keys summed
+            schedule += flash_tiles(nest, rows, lanes, causal)
+        else:
+            together = rows_together(nest, jammed, rows)
+            schedule += keys_summed(nest, keys, loop=other) + together
+            if nest == "keys" and lanes and causal:
+                # each tile of key rows (and each key row after them) starts at the first
+                # query rows that see its keys, on a whole register tile of them
+                align = math.lcm(lanes, keys)
+                schedule += (CausalRows(nest, tiled(jammed, rows), other, align),
+                             *(CausalRows(jam.edge, jammed, other, align) for jam in together))
+        # with parts the key rows' pass is parallel over its parts, the rows inside them
+        parallel = ("b", "h", split.part) if parts and nest == "keys" else \
+            loops[:-1] + (tiled(jammed, rows),)
+        # the forward's row tiles go to the threads in turn, as the flash variant's: a causal
+        # tile sees more keys than the one before it (contiguous chunks left the second
+        # thread three quarters of the work: 0.71 of the plain kernel's time at n 4096,
+        # 0.59 interleaved)
+        mapping += (Parallel(parallel, nest=nest, interleave=nest == "forward"),)
+    if parts and rows < KEY_BLOCK:
+        # blocks of 64 key rows sweep the query blocks together: a query block is read once
+        # for them
+        schedule += (BlockInterchange("keys", tiled(split.within, rows), key_blocks.blocks,
+                                      KEY_BLOCK // rows),)
+    if lanes:
+        schedule += tuple(KeyTiles(nest, other, lanes) for nest, _, other in passes
+                          if nest != "forward")
+    # the key rows' additions into dK, dV (and dQ's part) a loop each
+    schedule += (Distribute("c"),)
+    return Layers(algorithm, schedule, cpu(*mapping, *extra))
+
+
+# the owner's parameters (the fused kernel's add the forward's `block`): on a CPU dQ comes
+# from the key rows' pass, in one part (the heads already feed the threads), and every
+# product is a register tile of 8 rows by 16 lanes (two float64 vector registers, one of
+# float32: 32 float32 lanes ran 10% faster at n 1024, d 64, and took twice as long to
+# build, C 20 s against 11); on a GPU dQ keeps its pass (parts 0): that pass runs a thread
+# per query row, the parts only one per part of a head's keys; a thread walks the other
+# side a row at a time (lanes 0)
+OWNER_DEFAULTS = {"rows": 8, "keys": 2, "parts": 1, "lanes": 16}
+OWNER_SPACE = {"rows": (4, 8), "keys": (1, 2, 4), "parts": (0, 1), "lanes": (0, 16, 32)}
+OWNER_CUDA = {"rows": 4, "keys": 4, "parts": 0, "lanes": 0}
+def variants(causal: bool):
+    """The variants of the plain or the causal kernel."""
+    return {
+        # the n x n P and dS go to memory, as a framework's backward does
+        "naive": (frozenset({"P", "dS", "delta"}), Layers(
+            algorithm=(Hoist(),),
+            mapping=cpu(*(Parallel(QUERY_ROWS, nest=n) for n in ("P", "dS", "delta")), *OWNERS))),
+        # each softmax row recomputed from Q, K and lse; only delta (one number a row) is stored
+        "dnf": (frozenset({"delta"}), Layers(algorithm=SPREAD + (Hoist(),),
+                                             mapping=cpu(Parallel(QUERY_ROWS, nest="delta"),
+                                                         *OWNERS))),
+        # dQ and dK in one pass over query rows, dK's updates atomic: the separate backward
+        # the fused kernel's atomics are counted against
+        "atomic": (frozenset({"delta"}), Layers(
+            algorithm=(Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="dV"),
+                       SCATTER_DK, FuseNests(("dQ", "dK"), over=QUERY_ROWS, name="rows"), Hoist()),
+            mapping=cpu(Parallel(QUERY_ROWS, nest="delta"), Parallel(QUERY_ROWS, nest="rows"),
+                        Parallel(KEY_ROWS, nest=SCATTER_DK.zero), Parallel(KEY_ROWS, nest="dV")))),
+        # FlashAttention-2's backward: key rows own dK and dV, the score and dO V^T blocks
+        # register tiles; O and lse read, not recomputed (the fused kernel's owner
+        # recomputes them in a forward pass of its own)
+        "flash": Tunable(frozenset({"delta"}), partial(owner, causal=causal),
+                         defaults=OWNER_DEFAULTS, space=OWNER_SPACE, cuda=OWNER_CUDA),
+    }
+
 
 SPECS = (spec(False), spec(True))
-KERNELS = [(s, VARIANTS) for s in SPECS]
+KERNELS = [(s, variants(causal)) for s, causal in zip(SPECS, (False, True))]
 # the names a derived backward has (moagen.kernels.ALIASES)
 ALIASES = {"attention_fwd_vjp": "attention_bwd",
            "attention_fwd_causal_vjp": "attention_bwd_causal"}

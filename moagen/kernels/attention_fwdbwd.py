@@ -19,28 +19,20 @@ stored. Two ONFs of the same DNF:
   dO V^T against `lanes` query rows at a time (KeyTiles over the query rows, Q and dO packed
   in panels), FlashAttention-2's backward tiles.
 """
-import math
 from functools import partial
 
 from moagen import reference
-from moagen.kernels.attention import (CHECK_SIZES, KEY_BLOCK, ON_HEADS, K, Q, V, flash_tiles,
-                                      softmax_parts, softmax_scale)
-from moagen.kernels.attention_bwd import BH, DO, EXTENTS, gradients
+from moagen.kernels.attention import (CHECK_SIZES, KEY_BLOCK, ON_HEADS, K, Q, V, softmax_parts,
+                                      softmax_scale)
+from moagen.kernels.attention_bwd import (BH, DO, EXTENTS, KEY_ROWS, OWNER_CUDA, OWNER_DEFAULTS,
+                                          OWNER_SPACE, QUERY_ROWS, gradients, owner)
 from moagen.kernels.cases import Check, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import inner, lift, log, named, omega, psi
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.causalrows import CausalRows
 from moagen.onf.fusion import FuseNests, Scatter
-from moagen.onf.interchange import BlockInterchange
-from moagen.onf.keyblocks import KeyBlocks
-from moagen.onf.keytiles import KeyTiles
-from moagen.onf.online import OnlineSoftmax
-from moagen.onf.partials import PartBuffers
-from moagen.onf.reductions import LowerReductions
-from moagen.onf.schedule import Accumulate, Distribute, Hoist, Parallel
-from moagen.onf.unroll import keys_summed, rows_together, tiled
+from moagen.onf.schedule import Accumulate, Hoist, Parallel
 
 
 def _one_head(q, k, v, do, causal):
@@ -65,78 +57,6 @@ def spec(causal: bool) -> KernelSpec:
     )
 
 
-QUERY_ROWS, KEY_ROWS = ("b", "h", "i"), ("b", "h", "j")
-
-
-def _owner(rows, keys, parts, lanes, block, causal):
-    """The forward in one pass over blocks of `block` keys (online softmax), the backward
-    nests by blocks of the other side's rows (KeyBlocks: a block's probabilities one vector
-    loop); in each of the three nests `rows` query (or key) rows walk the other side
-    together; the query rows' nests add `keys` of its rows at a time into theirs.
-
-    lanes > 0: the products as register tiles `lanes` wide, the forward's in
-    FlashAttention's form (flash_tiles, which also skips the causal kernel's key blocks past
-    the diagonal), the backward's scores and dO V^T of the walking rows against `lanes` of
-    the other side's (KeyTiles). lanes = 0: one row of the other side at a time.
-
-    parts > 0: no dQ pass. The key rows' pass adds each dS K into dQ as well (dQ scattered
-    over keys, its dS shared with dK's), into one buffer per part of the keys of a head
-    (PartBuffers), summed after: six n x n x d products instead of nine, and the key rows'
-    pass runs in parallel over heads and parts rather than over key rows; it sweeps the
-    query blocks by blocks of 64 key rows (BlockInterchange)."""
-    scatter_dq = Scatter("dQ", over="j", outer=("b", "h"))
-    algorithm = (Accumulate("c", over="j", nest="O"),
-                 scatter_dq if parts else Accumulate("c", over="j", nest="dQ"),
-                 Accumulate("c", over="i", nest="dK"), Accumulate("c", over="i", nest="dV"),
-                 FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),
-                 FuseNests(("dK", "dV", "dQ") if parts else ("dK", "dV"), over=KEY_ROWS,
-                           name="keys"),
-                 Hoist(), OnlineSoftmax("forward", block=block), LowerReductions())
-    if parts:
-        key_blocks, split = KeyBlocks("keys", "i", KEY_BLOCK), PartBuffers("keys", "j", "dQ", parts)
-        algorithm += (key_blocks, split)
-        passes = (("forward", QUERY_ROWS, "j"), ("keys", ("b", "h", split.within), "i"))
-        extra = (Parallel(("b", "h", split.part), nest=split.zero),
-                 Parallel(QUERY_ROWS, nest=split.merge))
-    else:
-        algorithm += (KeyBlocks("dQ", "j", KEY_BLOCK), KeyBlocks("keys", "i", KEY_BLOCK))
-        passes = (("forward", QUERY_ROWS, "j"), ("dQ", QUERY_ROWS, "j"), ("keys", KEY_ROWS, "i"))
-        extra = ()
-    schedule, mapping = (), ()
-    for nest, loops, other in passes:
-        jammed = loops[-1]
-        if nest == "forward" and lanes:
-            # its output tiles stay in registers over a block's keys: no keys summed
-            schedule += flash_tiles(nest, rows, lanes, causal)
-        else:
-            together = rows_together(nest, jammed, rows)
-            schedule += keys_summed(nest, keys, loop=other) + together
-            if nest == "keys" and lanes and causal:
-                # each tile of key rows (and each key row after them) starts at the first
-                # query rows that see its keys, on a whole register tile of them
-                align = math.lcm(lanes, keys)
-                schedule += (CausalRows(nest, tiled(jammed, rows), other, align),
-                             *(CausalRows(jam.edge, jammed, other, align) for jam in together))
-        # with parts the key rows' pass is parallel over its parts, the rows inside them
-        parallel = ("b", "h", split.part) if parts and nest == "keys" else \
-            loops[:-1] + (tiled(jammed, rows),)
-        # the forward's row tiles go to the threads in turn, as the flash variant's: a causal
-        # tile sees more keys than the one before it (contiguous chunks left the second
-        # thread three quarters of the work: 0.71 of the plain kernel's time at n 4096,
-        # 0.59 interleaved)
-        mapping += (Parallel(parallel, nest=nest, interleave=nest == "forward"),)
-    if parts and rows < KEY_BLOCK:
-        # blocks of 64 key rows sweep the query blocks together: a query block is read once
-        # for them
-        schedule += (BlockInterchange("keys", tiled(split.within, rows), key_blocks.blocks,
-                                      KEY_BLOCK // rows),)
-    if lanes:
-        schedule += tuple(KeyTiles(nest, other, lanes) for nest, _, other in passes[1:])
-    # the key rows' additions into dK, dV (and dQ's part) a loop each
-    schedule += (Distribute("c"),)
-    return Layers(algorithm, schedule, cpu(*mapping, *extra))
-
-
 dK_dV_SCATTERED = (Scatter("dK", over="i", outer=("b", "h")),
                    Scatter("dV", over="i", outer=("b", "h")))
 ATOMIC = (frozenset(), Layers(
@@ -149,27 +69,17 @@ ATOMIC = (frozenset(), Layers(
 
 
 def variants(causal: bool):
-    """The variants of the plain or the causal kernel (on a CPU the causal owner skips the
-    key blocks past each query tile in its forward, the query rows before each key tile in
-    its key rows' pass).
-
-    On a CPU dQ comes from the key rows' pass, in one part (the heads already feed the
-    threads), and every product is a register tile of 8 rows by 16 lanes (two float64
-    vector registers, one of float32: 32 float32 lanes ran 10% faster at n 1024, d 64, the
-    same causal, and took twice as long to build, C 20 s against 11); the causal forward
-    walks blocks of 32 keys, so that fewer of its scores are on the diagonal blocks that
-    select (docs/PERFORMANCE.md, "The owner in FlashAttention's form"). On a GPU dQ keeps its pass (parts 0): that pass runs a thread
-    per query row, the parts only one per part of a head's keys; a thread walks the other
-    side a row at a time (lanes 0)."""
+    """The variants of the plain or the causal kernel. The owner is attention_bwd's flash
+    with a forward pass before it (attention_bwd.owner, its parameters), which on a CPU
+    walks blocks of 32 keys in the causal kernel, so that fewer of its scores are on the
+    diagonal blocks that select (docs/PERFORMANCE.md, "The owner in FlashAttention's
+    form"); the causal owner skips the key blocks past each query tile in its forward, the
+    query rows before each key tile in its key rows' pass."""
     return {"atomic": ATOMIC,
-            "owner": Tunable(frozenset({"delta"}), partial(_owner, causal=causal),
-                             defaults={"rows": 8, "keys": 2, "parts": 1, "lanes": 16,
-                                       "block": 32 if causal else KEY_BLOCK},
-                             # 36 candidates: each build of a tiled owner takes ~20 s
-                             space={"rows": (4, 8), "keys": (1, 2, 4), "parts": (0, 1),
-                                    "lanes": (0, 16, 32)},
-                             cuda={"rows": 4, "keys": 4, "parts": 0, "lanes": 0,
-                                   "block": KEY_BLOCK})}
+            "owner": Tunable(frozenset({"delta"}), partial(owner, causal=causal),
+                             defaults={**OWNER_DEFAULTS, "block": 32 if causal else KEY_BLOCK},
+                             # 36 candidates: each build of a tiled owner takes ~11 s
+                             space=OWNER_SPACE, cuda={**OWNER_CUDA, "block": KEY_BLOCK})}
 
 
 KERNELS = [(spec(False), variants(False)), (spec(True), variants(True))]

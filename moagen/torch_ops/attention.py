@@ -1,18 +1,18 @@
 """Attention as a PyTorch operator, in scaled_dot_product_attention's conventions: q, k, v of
 shape (batch, heads, n, d), scale 1/sqrt(d) unless given, optionally causal.
 
-    forward   O by the `flash` kernel (one pass over key blocks with both products register
-              tiles, O(n d) memory)
-    backward  dQ, dK, dV by the fused `owner` kernel (attention_fwdbwd): it recomputes O and
-              the row logsumexp in the same pass, so only q, k, v are saved; its dK and dV
-              have no atomics, so the gradients are the same bits on any thread count.
+    forward   O and the row logsumexp by the `flash` kernel (one pass over key blocks with
+              both products register tiles, O(n d) memory)
+    backward  dQ, dK, dV by attention_bwd's `flash` kernel (FlashAttention-2's backward: it
+              reads the saved O and logsumexp; key rows own their dK and dV rows, so there
+              are no atomics and the gradients are the same bits on any thread count).
 
 Both kernels' schedules are fitted to the sequence length and head size
 (moagen.kernels.attention.flash_params).
 
-owner rather than attention_bwd (which reads a saved O and lse): owner with its forward
-recomputed took 0.04 s against attention_bwd's 0.10 s (float64, 2 x 4 heads x 512 x 64,
-causal, 2 threads, shared machine).
+attention_bwd rather than the fused owner (attention_fwdbwd): the forward has already
+computed O and the logsumexp, which the owner would compute again in a pass of its own
+(docs/PERFORMANCE.md, "The backward without its forward").
 
 Grouped-query attention (k and v with fewer heads than q, as SDPA's enable_gqa): the
 training kernels take one KV head per query head, so k and v are repeated per group here,
@@ -33,8 +33,13 @@ SHAPE = "(batch, heads, n, d)"
 
 
 def fitted(q: Tensor, causal: bool):
-    """The kernels' schedule parameters fitted to q's sequence length and head size."""
+    """The forward's schedule parameters fitted to q's sequence length and head size."""
     return flash_params(q.shape[2], q.shape[3], causal).items()
+
+
+def backward_params(q: Tensor, causal: bool):
+    """The backward's: the forward's but its key blocks (the backward has no forward pass)."""
+    return [(name, value) for name, value in fitted(q, causal) if name != "block"]
 
 
 def _check(op, q, k, v, lang):
@@ -56,41 +61,47 @@ def _check(op, q, k, v, lang):
 
 
 @torch.library.custom_op("moagen::attention", mutates_args=())
-def attention_op(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, lang: str) -> Tensor:
+def attention_op(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+                 lang: str) -> tuple[Tensor, Tensor]:
+    """O and the row logsumexp (kept for the backward)."""
     _check("moagen::attention", q, k, v, lang)
-    out, _lse = call(causal_name("attention_fwd", causal), "flash", lang, q, k, v, scale=scale,
-                     params=fitted(q, causal))
-    return out
+    return call(causal_name("attention_fwd", causal), "flash", lang, q, k, v, scale=scale,
+                params=fitted(q, causal))
 
 
 @attention_op.register_fake
 def _(q, k, v, causal, scale, lang):
     _check("moagen::attention", q, k, v, lang)
-    return torch.empty_like(q, memory_format=torch.contiguous_format)
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:-1])
 
 
 @torch.library.custom_op("moagen::attention_backward", mutates_args=())
-def attention_backward_op(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, causal: bool,
-                          scale: float, lang: str) -> tuple[Tensor, Tensor, Tensor]:
+def attention_backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                          grad_out: Tensor, causal: bool, scale: float,
+                          lang: str) -> tuple[Tensor, Tensor, Tensor]:
     _check("moagen::attention_backward", q, k, v, lang)
-    _out, _lse, dq, dk, dv = call(causal_name("attention_fwdbwd", causal), "owner", lang,
-                                  q, k, v, grad_out, scale=scale, params=fitted(q, causal))
-    return dq, dk, dv
+    return call(causal_name("attention_bwd", causal), "flash", lang, q, k, v, out, grad_out,
+                lse, scale=scale, params=backward_params(q, causal))
 
 
 @attention_backward_op.register_fake
-def _(q, k, v, grad_out, causal, scale, lang):
+def _(q, k, v, out, lse, grad_out, causal, scale, lang):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 def _setup(ctx, inputs, output):
     q, k, v, ctx.causal, ctx.scale, ctx.lang = inputs
-    ctx.save_for_backward(q, k, v)
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.mark_non_differentiable(output[1])
+    # a gradient not given stays None (the logsumexp's: never read), not zeros
+    ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_out):
-    q, k, v = ctx.saved_tensors
-    dq, dk, dv = attention_backward_op(q, k, v, grad_out, ctx.causal, ctx.scale, ctx.lang)
+def _backward(ctx, grad_out, _grad_lse):
+    if grad_out is None:
+        return None, None, None, None, None, None
+    dq, dk, dv = attention_backward_op(*ctx.saved_tensors, grad_out, ctx.causal, ctx.scale,
+                                       ctx.lang)
     return dq, dk, dv, None, None, None
 
 
@@ -111,4 +122,4 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     _check("moagen.torch.attention", q, k, v, lang)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     group = q.shape[1] // k.shape[1]
-    return attention_op(q, repeat_kv(k, group), repeat_kv(v, group), causal, scale, lang)
+    return attention_op(q, repeat_kv(k, group), repeat_kv(v, group), causal, scale, lang)[0]
