@@ -65,8 +65,10 @@ def _spy(function, seen):
     return spied
 
 
-def test_the_report_relates_device_results_to_the_copy_bandwidth(tmp_path):
-    out = tmp_path / "r.jsonl"
+@pytest.mark.parametrize("name, report_dir", [("r.jsonl", "r"), ("r", "r-report")])
+def test_the_report_relates_device_results_to_the_copy_bandwidth(tmp_path, name, report_dir):
+    """(And writes itself beside the results, named after them.)"""
+    out = tmp_path / name
     results = sweep.Results(out, ["test"])
     group = dict(kernel="attention_decode", dtype="float64", sizes=dict(n=8), threads=1,
                  setting={}, repeats=1, warmup=0, q1_s=1.0, q3_s=1.0, min_s=1.0)
@@ -74,7 +76,9 @@ def test_the_report_relates_device_results_to_the_copy_bandwidth(tmp_path):
     results.append(dict(group, record="result", variant="split", lang="cuda", median_s=1.0,
                         gbs=280.0, min_gbs=70.0))
     results.append(dict(group, record="result", variant=None, lang="torch", median_s=2.0))
-    text = report.write(out).read_text()
+    summary = report.write(out)
+    assert summary.parent == tmp_path / report_dir
+    text = summary.read_text()
     assert "- GPU: copy 100.0 GB/s" in text and "% copy" in text
     row = next(line for line in text.splitlines() if "| split cuda |" in line).split(" | ")
     assert row[9] == "70" and row[11] == "2.00"  # 70 of 100 GB/s; torch took twice as long

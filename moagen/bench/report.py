@@ -101,10 +101,17 @@ def baselines(results) -> str:
                      for (kernel, lang), text in what.items())
 
 
+def default_report_dir(path) -> Path:
+    """results.jsonl -> results/; a results file named without a suffix, results ->
+    results-report/ (its own name is taken)."""
+    path = Path(path)
+    return path.with_suffix("") if path.suffix else path.with_name(path.name + "-report")
+
+
 def write(path, run=None, out_dir=None) -> Path:
     """The summary (markdown) and plots of one run; returns the summary's path."""
     head, records = load(path, run)
-    out_dir = Path(out_dir or Path(path).with_suffix(""))  # results.jsonl -> results/
+    out_dir = Path(out_dir or default_report_dir(path))
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
