@@ -202,7 +202,7 @@ KERNELS = [(s, variants(causal)) for s, causal in zip(SPECS, (False, True))]
 ALIASES = {"attention_fwd_vjp": "attention_bwd",
            "attention_fwd_causal_vjp": "attention_bwd_causal"}
 # a stage's backward in a composite (moagen.kernels.chain)
-CHAIN = {attention.spec(causal).name: backward(attention.spec(causal), by, "dnf")
+CHAIN = {attention.spec(causal).name: backward(attention.spec(causal), by, "flash")
          for causal, by in zip((False, True), SPECS)}
 
 
