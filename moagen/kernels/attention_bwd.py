@@ -170,6 +170,8 @@ def owner(rows, keys, parts, lanes, causal, block=None):
 OWNER_DEFAULTS = {"rows": 8, "keys": 2, "parts": 1, "lanes": 16}
 OWNER_SPACE = {"rows": (4, 8), "keys": (1, 2, 4), "parts": (0, 1), "lanes": (0, 16, 32)}
 OWNER_CUDA = {"rows": 4, "keys": 4, "parts": 0, "lanes": 0}
+
+
 def variants(causal: bool):
     """The variants of the plain or the causal kernel."""
     return {
