@@ -47,6 +47,10 @@ def format_cost(cost: Cost, env: Optional[dict] = None) -> str:
     return "\n".join([head] + _table(rows, indent="  ") + notes) + "\n"
 
 
+# the expressions' one function that is not sympy's (the sizes of tiled buffers use it)
+NOTATION = "idiv(a, b): the integer quotient floor(a / b)"
+
+
 def cost_json(cost: Cost, env: Optional[dict] = None) -> dict:
     q = lambda e: {"expr": str(e), "value": value(e, env) if env else None}
     return {"kernel": cost.kernel, "variant": cost.variant, "dtype": cost.dtype,
@@ -59,10 +63,6 @@ def cost_json(cost: Cost, env: Optional[dict] = None) -> dict:
             "working_set": q(cost.itemsize * cost.working_set),
             "cache_assumption": CACHE_ASSUMPTION, "assumptions": list(cost.assumptions),
             "notation": NOTATION}
-
-
-# the expressions' one function that is not sympy's (the sizes of tiled buffers use it)
-NOTATION = "idiv(a, b): the integer quotient floor(a / b)"
 
 
 def measured_json(cost: Cost, env: dict, counts, line: int) -> dict:
