@@ -60,34 +60,47 @@ class KernelCallable:
         self._given = tuple(s.name for s in signature.sizes if s not in self._size_from)
         self._params = (tuple(a.name for a in signature.inputs) + tuple(signature.scalars)
                         + self._given)
+        # What every call walks, computed once: a call's checks cost more than a small
+        # kernel's work, and a model makes many small calls.
+        self._inputs = signature.inputs
+        self._outputs = signature.outputs
+        self._scratch_params = signature.scratch
+        self._argument = {a.name: f"argument {a.name!r}" for a in self._inputs}
+        self._input_index = {a.name: i for i, a in enumerate(self._inputs)}
+        self._contiguous = "c_contiguous" if signature.layout == "row" else "f_contiguous"
+        self._shapes = {}  # sizes (a tuple) -> each array's shape by name, for recent sizes
 
     def __call__(self, *args, out=None, **kwargs):
-        sig = self.signature
         values = self._bind(args, kwargs)
-        inputs = [self._array(f"argument {p.name!r}", p, values[p.name]) for p in sig.inputs]
-        on_device = self._same_side([(f"argument {p.name!r}", a) for p, a in zip(sig.inputs, inputs)])
-        for k, (param, array) in enumerate(zip(sig.inputs, inputs)):
-            self._check_array(f"argument {param.name!r}", param, array)
+        argument = self._argument
+        inputs = [self._array(argument[p.name], p, values[p.name]) for p in self._inputs]
+        on_device = self._same_side([(argument[p.name], a) for p, a in zip(self._inputs, inputs)])
+        for k, (param, array) in enumerate(zip(self._inputs, inputs)):
+            self._check_array(argument[param.name], param, array)
             if param.intent == "inout":
-                self._check_writable(f"argument {param.name!r}", array, inputs[:k] + inputs[k + 1:])
-        sizes = self._sizes(dict(values, **{p.name: a for p, a in zip(sig.inputs, inputs)}))
-        for param, array in zip(sig.inputs, inputs):
-            self._check_shape(f"argument {param.name!r}", param, array, sizes)
-            self._check_memory(f"argument {param.name!r}", array)
-        scalars = {name: self._scalar(name, values[name]) for name in sig.scalars}
+                self._check_writable(argument[param.name], array, inputs[:k] + inputs[k + 1:])
+        sizes = self._sizes(values, inputs)
+        shapes = self._shapes_at(sizes)
+        for param, array in zip(self._inputs, inputs):
+            if array.shape != shapes[param.name]:
+                self._shape_error(argument[param.name], param, array, sizes)
+            if on_device:
+                self._check_memory(argument[param.name], array)
+        scalars = [self._scalar(name, values[name]) for name in self.signature.scalars]
         if self._validate is not None:
-            self._validate(dict(sizes), dict(scalars))
-        outputs = self._outputs(out, sizes, inputs, on_device)
+            self._validate(dict(sizes), dict(zip(self.signature.scalars, scalars)))
+        outputs = self._outputs_for(out, sizes, shapes, inputs, on_device)
         # the full-size temporaries of a variant that materializes them: allocated here, so
         # that running out of memory is a MemoryError, not a crash in native code; where
         # the kernel runs, whatever side its arguments are on
-        scratch = [self._scratch(p, sizes) for p in sig.scratch]
-        self._native_call(*inputs, *outputs, *scratch, *sizes.values(), *scalars.values())
+        scratch = [self._scratch(p, shapes[p.name]) for p in self._scratch_params]
+        self._native_call(*inputs, *outputs, *scratch, *sizes.values(), *scalars)
         if not outputs:  # the kernel only updates its inout arguments
             return None
         # the caller's own objects back (a torch tensor as given), not our views of them
-        returned = [a.obj if isinstance(a, DeviceView) else a for a in outputs]
-        return returned[0] if len(returned) == 1 else tuple(returned)
+        if on_device:
+            outputs = [a.obj if isinstance(a, DeviceView) else a for a in outputs]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def __repr__(self):
         outputs = ", ".join(p.name for p in self.signature.outputs)
@@ -95,6 +108,8 @@ class KernelCallable:
 
     def _bind(self, args, kwargs):
         """Match positional and keyword arguments to the inputs and scalars, like a def would."""
+        if not kwargs and len(args) == len(self._params):
+            return dict(zip(self._params, args))
         name, params = self.signature.name, ", ".join(self._params)
         if len(args) > len(self._params):
             raise ValueError(f"{name}: takes {len(self._params)} arguments ({params}), got {len(args)} positional")
@@ -112,9 +127,9 @@ class KernelCallable:
 
     def _array(self, what, param, array):
         """A numpy array as it is, a device array as its DeviceView, anything else refused."""
-        where = f"{self.signature.name}: {what}"
         if isinstance(array, np.ndarray):
             return array
+        where = f"{self.signature.name}: {what}"
         view = device_view(array, where)
         if view is None:
             wanted = "a numpy array or a device array" if self.device else "a numpy array"
@@ -127,6 +142,8 @@ class KernelCallable:
 
     def _same_side(self, named):
         """Whether the call's arrays are on the device; all must be on one side."""
+        if self.device is None:  # _array let no device array through
+            return False
         sides = {isinstance(a, DeviceView) for _, a in named}
         if len(sides) > 1:
             host = next(w for w, a in named if not isinstance(a, DeviceView))
@@ -141,10 +158,9 @@ class KernelCallable:
             return DeviceArray(self.device, shape, self._dtype, order)
         return np.empty(shape, self._dtype, order=order)
 
-    def _scratch(self, param, sizes):
+    def _scratch(self, param, shape):
         """The call's scratch, kept from the last call while its shape stays the same (see
         KEEP_HOST_SCRATCH and __init__)."""
-        shape = self._expected(param, sizes)
         on_device = self.device is not None
         if on_device:
             kept = self._device_scratch
@@ -162,55 +178,70 @@ class KernelCallable:
 
     def _check_array(self, what, param, array):
         """Rank, dtype, layout: what makes the raw pointer mean what the kernel thinks."""
-        sig = self.signature
-        where = f"{sig.name}: {what}"
+        flags = array.flags
+        if (array.ndim == len(param.shape) and array.dtype == self._dtype
+                and getattr(flags, self._contiguous) and flags.aligned):
+            return
+        where = f"{self.signature.name}: {what}"
         if array.ndim != len(param.shape):
             raise ValueError(f"{where}: expected {len(param.shape)} dimensions "
                              f"{_symbolic(param.shape)}, got shape {array.shape}")
         if array.dtype != self._dtype:
             raise ValueError(f"{where}: expected dtype {self._dtype}, got {array.dtype} (no implicit casting)")
-        if sig.layout == "row" and not array.flags.c_contiguous:
+        if self.signature.layout == "row" and not flags.c_contiguous:
             raise ValueError(f"{where}: expected a C-contiguous array (row layout), got strides "
                              f"{array.strides}; pass np.ascontiguousarray(...)")
-        if sig.layout == "col" and not array.flags.f_contiguous:
+        if self.signature.layout == "col" and not flags.f_contiguous:
             raise ValueError(f"{where}: expected an F-contiguous array (col layout), got strides "
                              f"{array.strides}; pass np.asfortranarray(...)")
-        if not array.flags.aligned:
-            raise ValueError(f"{where}: the array's data is not aligned to its dtype")
+        raise ValueError(f"{where}: the array's data is not aligned to its dtype")
 
-    def _sizes(self, values):
+    def _sizes(self, values, inputs):
         """Each size by name, in signature order, read off the inputs or given."""
         sizes = {}
         for symbol in self.signature.sizes:
-            if symbol.name in self._given:
-                value, source = values[symbol.name], "as given"
+            source = self._size_from.get(symbol)
+            if source is None:
+                value = values[symbol.name]
                 if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
                     raise ValueError(f"{self.signature.name}: size {symbol} must be an integer, "
                                      f"got {type(value).__name__}")
+                # a given count may be 0 (an empty cache); an array dimension may not
+                value, least = int(value), 0
             else:
-                name, axis = self._size_from[symbol]
-                value, source = values[name].shape[axis], f"axis {axis} of argument {name!r}"
-            sizes[symbol.name] = int(value)
-            # a given count may be 0 (an empty cache); an array dimension may not
-            least = 0 if symbol.name in self._given else 1
-            if sizes[symbol.name] < least:
+                value, least = inputs[self._input_index[source[0]]].shape[source[1]], 1
+            if value < least:
+                given = ("as given" if source is None
+                         else f"axis {source[1]} of argument {source[0]!r}")
                 raise ValueError(f"{self.signature.name}: size {symbol} must be >= {least}, got "
-                                 f"{sizes[symbol.name]} ({source})")
+                                 f"{value} ({given})")
+            sizes[symbol.name] = value
         return sizes
 
-    def _expected(self, param, sizes):
-        return tuple(int(d) for d in self._shape_of[param.name](*sizes.values()))
+    def _shapes_at(self, sizes):
+        """Each array's shape by name at these sizes (dict by name), remembered for a few
+        sizes: evaluating the shapes costs more than checking them."""
+        key = tuple(sizes.values())
+        shapes = self._shapes.get(key)
+        if shapes is None:
+            if len(self._shapes) >= 64:
+                self._shapes.clear()
+            shapes = self._shapes[key] = {
+                name: tuple(int(d) for d in shape_of(*key))
+                for name, shape_of in self._shape_of.items()}
+        return shapes
 
-    def _check_shape(self, what, param, array, sizes):
-        expected = self._expected(param, sizes)
-        if array.shape != expected:
-            inferred = ", ".join(f"{s}={sizes[s.name]}" + (f" from {self._size_from[s][0]!r}"
-                                                             if s in self._size_from else "")
-                                 for s in self.signature.sizes)
-            raise ValueError(f"{self.signature.name}: {what}: expected shape {_symbolic(param.shape)} = "
-                             f"{expected}, got {array.shape} (sizes: {inferred})")
+    def _shape_error(self, what, param, array, sizes):
+        expected = self._shapes_at(sizes)[param.name]
+        inferred = ", ".join(f"{s}={sizes[s.name]}" + (f" from {self._size_from[s][0]!r}"
+                                                         if s in self._size_from else "")
+                             for s in self.signature.sizes)
+        raise ValueError(f"{self.signature.name}: {what}: expected shape {_symbolic(param.shape)} = "
+                         f"{expected}, got {array.shape} (sizes: {inferred})")
 
     def _scalar(self, name, value):
+        if type(value) is float and math.isfinite(value) and abs(value) <= self._largest:
+            return value  # the common case, checked without the general tests below
         where = f"{self.signature.name}: scalar {name!r}"
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, Real):
             raise ValueError(f"{where}: expected a real number, got {type(value).__name__}")
@@ -219,12 +250,12 @@ class KernelCallable:
             raise ValueError(f"{where}: expected a finite {self._dtype} number, got {value}")
         return float(value)
 
-    def _outputs(self, out, sizes, inputs, on_device):
+    def _outputs_for(self, out, sizes, shapes, inputs, on_device):
         """The caller's `out` arrays after checking them (as DeviceViews where they are
         device arrays), or new ones on the inputs' side."""
-        params = self.signature.outputs
+        params = self._outputs
         if out is None:
-            return [self._empty(self._expected(p, sizes), on_device) for p in params]
+            return [self._empty(shapes[p.name], on_device) for p in params]
         if len(params) == 1:
             out = (out,)
         elif not isinstance(out, (tuple, list)) or len(out) != len(params):
@@ -233,11 +264,12 @@ class KernelCallable:
                              f"({names}), got {type(out).__name__}")
         out = [self._array(f"out {p.name!r}", p, a) for p, a in zip(params, out)]
         self._same_side([(f"out {p.name!r}", a) for p, a in zip(params, out)]
-                        + [(f"argument {p.name!r}", a) for p, a in zip(self.signature.inputs, inputs)])
+                        + [(self._argument[p.name], a) for p, a in zip(self._inputs, inputs)])
         for i, (param, array) in enumerate(zip(params, out)):
             what = f"out {param.name!r}"
             self._check_array(what, param, array)
-            self._check_shape(what, param, array, sizes)
+            if array.shape != shapes[param.name]:
+                self._shape_error(what, param, array, sizes)
             self._check_memory(what, array)
             self._check_writable(what, array, [*inputs, *out[:i]])
         return list(out)

@@ -38,12 +38,15 @@ def host_call(library, signature, result="void"):
     ffi = cffi.FFI()
     ffi.cdef(declaration(signature, result))
     function = getattr(dlopen(ffi, library), signature.name)
-    buffer_type = CTYPES[signature.dtype] + "[]"
+    buffer_type = ffi.typeof(CTYPES[signature.dtype] + "[]")
     n_arrays = len(signature.arrays)
     writable = [a.intent != "in" for a in signature.arrays]
+    # a row-layout call's arrays are C-contiguous (KernelCallable checked), which the buffer
+    # protocol takes as they are; an F-contiguous array goes through its flat view
+    as_buffer = flat_view if signature.layout == "col" else None
 
     def native_call(*args):
-        arrays = [ffi.from_buffer(buffer_type, flat_view(a), require_writable=w)
+        arrays = [ffi.from_buffer(buffer_type, as_buffer(a) if as_buffer else a, w)
                   for w, a in zip(writable, args[:n_arrays])]
         return function(*arrays, *args[n_arrays:])
 
