@@ -1,6 +1,7 @@
 """A tiny decoder-only character language model trained twice, once on moagen's operators
-(moagen.torch) and once on PyTorch's, from the same initial weights on the same batches;
-then text generated through each one's KV-cache decode path with the same seed.
+(moagen.torch) and once on PyTorch's, from the same initial weights on the same batches
+(the two in lockstep, a step of each in turn, so that their step times meet the same
+machine); then text generated through each one's KV-cache decode path with the same seed.
 
     python examples/train_tiny_lm.py [--steps 300] [--dtype float64 float32] [--out DIR]
     python examples/train_tiny_lm.py --memory 2048 4096   # attention's peak memory at these n
@@ -148,37 +149,54 @@ def corpus(chars):
     return text, vocab, torch.tensor([index[c] for c in text])
 
 
-def progress(step, total, loss, started, label, width=30):
+def progress(step, total, losses, started, label, width=30):
     done = (step + 1) * width // total
     rate = (step + 1) / max(time.perf_counter() - started, 1e-9)
-    print(f"\r{label:>16} [{'#' * done}{'.' * (width - done)}] {step + 1}/{total} "
-          f"loss {loss:.4f}  {rate:.1f} steps/s", end="" if step + 1 < total else "\n",
+    shown = "  ".join(f"{name} {loss:.4f}" for name, loss in losses.items())
+    print(f"\r{label:>8} [{'#' * done}{'.' * (width - done)}] {step + 1}/{total} "
+          f"loss {shown}  {rate:.1f} steps/s", end="" if step + 1 < total else "\n",
           file=sys.stderr, flush=True)
 
 
-def train(model, ops, data, args, label, compiled=False):
-    """Losses and step times; the batches come from a generator seeded the same for every
-    run. compiled: the model's forward (and so its backward) under
-    torch.compile(fullgraph=True), Inductor; its first step includes the compile."""
+def stepper(model, ops, args, compiled=False):
+    """One training step of the model on a window of tokens: (loss, seconds it took).
+    compiled: the model's forward (and so its backward) under torch.compile(fullgraph=True),
+    Inductor; its first step includes the compile."""
     forward = lambda tokens: model(ops, tokens)
     if compiled:
         forward = torch.compile(forward, fullgraph=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    batches = torch.Generator().manual_seed(args.seed)
-    losses, times = [], []
-    started = time.perf_counter()
-    for step in range(args.steps):
-        starts = torch.randint(len(data) - args.context - 1, (args.batch,), generator=batches)
-        window = torch.stack([data[s:s + args.context + 1] for s in starts.tolist()])
+
+    def step(window):
         tick = time.perf_counter()
         logits = forward(window[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten())
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        times.append(time.perf_counter() - tick)
-        losses.append(loss.item())
-        progress(step, args.steps, losses[-1], started, label)
+        return loss.item(), time.perf_counter() - tick
+
+    return step
+
+
+def train(steppers, data, args, label):
+    """Losses and step times of each model (steppers: stepper by name), trained in lockstep:
+    each batch, drawn from a generator seeded the same for every run, goes to every model in
+    turn, the order alternating from step to step, so that the machine's changing speed
+    (other work on it, its clock) reaches every model alike."""
+    batches = torch.Generator().manual_seed(args.seed)
+    losses = {name: [] for name in steppers}
+    times = {name: [] for name in steppers}
+    started = time.perf_counter()
+    for step in range(args.steps):
+        starts = torch.randint(len(data) - args.context - 1, (args.batch,), generator=batches)
+        window = torch.stack([data[s:s + args.context + 1] for s in starts.tolist()])
+        order = list(steppers) if step % 2 == 0 else list(reversed(steppers))
+        for name in order:
+            loss, seconds = steppers[name](window)
+            losses[name].append(loss)
+            times[name].append(seconds)
+        progress(step, args.steps, {name: losses[name][-1] for name in steppers}, started, label)
     return losses, times
 
 
@@ -212,17 +230,20 @@ def run(args):
         torch.manual_seed(args.seed)
         initial = TinyLM(len(vocab), args.context, args.d_model, args.heads, args.kv_heads,
                          args.d_ff, args.layers, DTYPES[dtype]).state_dict()
+        models, steppers = {}, {}
         for name, operators in OPERATORS.items():
-            model = TinyLM(len(vocab), args.context, args.d_model, args.heads, args.kv_heads,
-                           args.d_ff, args.layers, DTYPES[dtype])
-            model.load_state_dict(initial)
-            ops = operators(args.lang)
-            losses, times = train(model, ops, data, args, f"{name} {dtype}",
-                                  compiled=args.compile and name == "moagen")
-            prompt = [vocab.index(c) for c in args.prompt]
-            tokens = generate(model, ops, prompt, args.generate, args.seed)
+            models[name] = TinyLM(len(vocab), args.context, args.d_model, args.heads,
+                                  args.kv_heads, args.d_ff, args.layers, DTYPES[dtype])
+            models[name].load_state_dict(initial)
+            steppers[name] = stepper(models[name], operators(args.lang), args,
+                                     compiled=args.compile and name == "moagen")
+        losses, times = train(steppers, data, args, dtype)
+        prompt = [vocab.index(c) for c in args.prompt]
+        for name, model in models.items():
+            tokens = generate(model, OPERATORS[name](args.lang), prompt, args.generate, args.seed)
             results["runs"][f"{name} {dtype}"] = {
-                "losses": losses, "median_step_s": statistics.median(times[len(times) // 5:]),
+                "losses": losses[name],
+                "median_step_s": statistics.median(times[name][len(times[name]) // 5:]),
                 "tokens": tokens, "text": "".join(vocab[t] for t in tokens),
                 # the other operators' decode from this run's weights: the same tokens?
                 "tokens_other_path": generate(model, OPERATORS["pytorch" if name == "moagen"
