@@ -189,6 +189,22 @@ def test_torch_compile_fullgraph_traces_through_every_operator():
         assert torch.equal(g, e)
 
 
+def test_eager_calls_skip_the_dispatcher_and_traced_calls_take_the_custom_op():
+    """moagen.torch_ops.operator: on plain CPU tensors the implementation runs through an
+    autograd.Function (no moagen:: op in the dispatcher's record), on meta tensors the custom
+    op and its fake; the compile test above checks that both give the same bits."""
+    x, w = _randn(3, 5), _randn(5)
+    with torch.profiler.profile() as eager:
+        mt.rms_norm(x, w).sum().backward()
+    names = {event.name for event in eager.events()}
+    assert not any(name.startswith("moagen::") for name in names), names
+    assert x.grad is not None and w.grad is not None
+    with torch.profiler.profile() as traced:
+        z = mt.rms_norm(x.detach().to("meta"), w.detach().to("meta"))
+    assert z.device.type == "meta" and z.shape == x.shape
+    assert "moagen::rms_norm" in {event.name for event in traced.events()}
+
+
 def _errors_of(call):
     with pytest.raises((ValueError, TypeError)) as error:
         call()

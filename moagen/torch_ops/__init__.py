@@ -1,5 +1,6 @@
 """moagen's kernels as PyTorch operators (torch.library custom ops, each with an autograd
-formula and a fake implementation, so torch.compile(fullgraph=True) traces through them).
+formula and a fake implementation, so torch.compile(fullgraph=True) traces through them;
+an eager call on CPU tensors runs the same code without the dispatcher: operator.py).
 Public as `moagen.torch`:
 
     from moagen import torch as mt

@@ -28,6 +28,7 @@ from torch import Tensor
 from moagen.kernels.attention import flash_params
 from moagen.torch_ops.native import (call, causal_name, check_dims, check_lang, check_size,
                                      check_tensors)
+from moagen.torch_ops.operator import Operator
 
 SHAPE = "(batch, heads, n, d)"
 
@@ -60,33 +61,33 @@ def _check(op, q, k, v, lang):
             raise ValueError(f"{op}: {name} is empty, shape {tuple(t.shape)}")
 
 
-@torch.library.custom_op("moagen::attention", mutates_args=())
-def attention_op(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
-                 lang: str) -> tuple[Tensor, Tensor]:
+def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+               lang: str) -> tuple[Tensor, Tensor]:
     """O and the row logsumexp (kept for the backward)."""
     _check("moagen::attention", q, k, v, lang)
     return call(causal_name("attention_fwd", causal), "flash", lang, q, k, v, scale=scale,
                 params=fitted(q, causal))
 
 
-@attention_op.register_fake
-def _(q, k, v, causal, scale, lang):
+def _attention_fake(q, k, v, causal, scale, lang):
     _check("moagen::attention", q, k, v, lang)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:-1])
 
 
-@torch.library.custom_op("moagen::attention_backward", mutates_args=())
-def attention_backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                          grad_out: Tensor, causal: bool, scale: float,
-                          lang: str) -> tuple[Tensor, Tensor, Tensor]:
+def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                        grad_out: Tensor, causal: bool, scale: float,
+                        lang: str) -> tuple[Tensor, Tensor, Tensor]:
     _check("moagen::attention_backward", q, k, v, lang)
     return call(causal_name("attention_bwd", causal), "flash", lang, q, k, v, out, grad_out,
                 lse, scale=scale, params=backward_params(q, causal))
 
 
-@attention_backward_op.register_fake
-def _(q, k, v, out, lse, grad_out, causal, scale, lang):
+def _attention_backward_fake(q, k, v, out, lse, grad_out, causal, scale, lang):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+attention_backward_op = Operator("moagen::attention_backward", _attention_backward,
+                                 _attention_backward_fake)
 
 
 def _setup(ctx, inputs, output):
@@ -105,7 +106,8 @@ def _backward(ctx, grad_out, _grad_lse):
     return dq, dk, dv, None, None, None
 
 
-attention_op.register_autograd(_backward, setup_context=_setup)
+attention_op = Operator("moagen::attention", _attention, _attention_fake, backward=_backward,
+                        setup_context=_setup)
 
 
 def repeat_kv(t: Tensor, group: int) -> Tensor:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from moagen.kernels.block import FORWARD
 from moagen.torch_ops.native import (call, causal_name, check_dims, check_lang, check_size,
                                      check_tensors)
+from moagen.torch_ops.operator import Operator
 
 WEIGHTS = tuple(a.name for a in FORWARD.inputs[1:])  # norm1, Wq, ..., Wd
 KEPT = FORWARD.kept()  # what block_fwd returns after y, in its order
@@ -57,32 +58,30 @@ def _kept_shapes(x, weights):
             "inv_rms2": (batch, n), "U": (batch, n, weights[6].shape[1])}
 
 
-@torch.library.custom_op("moagen::block", mutates_args=())
-def block_op(x: Tensor, weights: List[Tensor], eps: float, scale: float, causal: bool,
-             lang: str) -> List[Tensor]:
+def _block(x: Tensor, weights: List[Tensor], eps: float, scale: float, causal: bool,
+           lang: str) -> List[Tensor]:
     """[y, *kept]."""
     _check("moagen::block", x, weights, lang)
     return list(call(causal_name("block_fwd", causal), "composed", lang, x, *weights,
                      eps=eps, scale=scale))
 
 
-@block_op.register_fake
-def _(x, weights, eps, scale, causal, lang):
+def _block_fake(x, weights, eps, scale, causal, lang):
     _check("moagen::block", x, weights, lang)
     return [x.new_empty(x.shape)] + [x.new_empty(s) for s in _kept_shapes(x, weights).values()]
 
 
-@torch.library.custom_op("moagen::block_backward", mutates_args=())
-def block_backward_op(x: Tensor, weights: List[Tensor], kept: List[Tensor], grad_y: Tensor,
-                      scale: float, causal: bool, lang: str) -> List[Tensor]:
+def _block_backward(x: Tensor, weights: List[Tensor], kept: List[Tensor], grad_y: Tensor,
+                    scale: float, causal: bool, lang: str) -> List[Tensor]:
     """[dx, dnorm1, dWq, ..., dWd]."""
     return list(call(causal_name("block_bwd", causal), "composed", lang, x, *weights, *kept,
                      grad_y, scale=scale))
 
 
-@block_backward_op.register_fake
-def _(x, weights, kept, grad_y, scale, causal, lang):
-    return [t.new_empty(t.shape) for t in (x, *weights)]
+block_backward_op = Operator(
+    "moagen::block_backward", _block_backward,
+    lambda x, weights, kept, grad_y, scale, causal, lang: [t.new_empty(t.shape)
+                                                           for t in (x, *weights)])
 
 
 def _setup(ctx, inputs, output):
@@ -104,7 +103,9 @@ def _backward(ctx, grads):
     return dx, dweights, None, None, None, None
 
 
-block_op.register_autograd(_backward, setup_context=_setup)
+# a list of tensors (the weights) takes the custom op's path (moagen.torch_ops.operator)
+block_op = Operator("moagen::block", _block, _block_fake, backward=_backward,
+                    setup_context=_setup)
 
 
 class Block(nn.Module):

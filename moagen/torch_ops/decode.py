@@ -14,31 +14,28 @@ import torch
 from torch import Tensor
 
 from moagen.torch_ops.native import call, check_dims, check_lang, check_size, check_tensors
+from moagen.torch_ops.operator import Operator
 
 
-@torch.library.custom_op("moagen::kv_append", mutates_args=("k_cache", "v_cache"))
-def kv_append_op(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, n: int,
-                 lang: str) -> None:
+def _kv_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, n: int,
+               lang: str) -> None:
     """Row n of both caches := k, v (batch, kv_heads, d)."""
     call("kv_append", "dnf", lang, k_cache, v_cache, k, v, n=n)
 
 
-@kv_append_op.register_fake
-def _(k_cache, v_cache, k, v, n, lang):
-    return None
+kv_append_op = Operator("moagen::kv_append", _kv_append, lambda *args: None,
+                        mutates_args=("k_cache", "v_cache"))
 
 
-@torch.library.custom_op("moagen::attention_decode", mutates_args=())
-def attention_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, n: int, scale: float,
-                        lang: str) -> Tensor:
+def _attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, n: int, scale: float,
+                      lang: str) -> Tensor:
     """O (batch, q_heads, d) of q (batch, q_heads, d) against the caches' first n rows."""
     out, _lse = call("attention_decode", "split", lang, q, k_cache, v_cache, scale=scale, n=n)
     return out
 
 
-@attention_decode_op.register_fake
-def _(q, k_cache, v_cache, n, scale, lang):
-    return q.new_empty(q.shape)
+attention_decode_op = Operator("moagen::attention_decode", _attention_decode,
+                               lambda q, k_cache, v_cache, n, scale, lang: q.new_empty(q.shape))
 
 
 class KVCache:

@@ -10,9 +10,9 @@ dimensions; the kernels see them as one batch of rows).
 The weights are in the kernels' (and x @ W's) orientation: w_gate, w_up (d_model, d_ff),
 w_down (d_ff, d_model); an nn.Linear stores the transpose (its .weight.T)."""
 from torch import Tensor
-import torch
 
 from moagen.torch_ops.native import call, check_dims, check_lang, check_size, check_tensors
+from moagen.torch_ops.operator import Operator
 
 
 def _rows(x):
@@ -35,31 +35,28 @@ def _check_norm(op, x, weight, eps, lang):
         raise ValueError(f"{op}: eps must be positive, got {eps}")
 
 
-@torch.library.custom_op("moagen::rms_norm", mutates_args=())
-def rms_norm_op(x: Tensor, weight: Tensor, eps: float, lang: str) -> tuple[Tensor, Tensor]:
+def _rms_norm(x: Tensor, weight: Tensor, eps: float, lang: str) -> tuple[Tensor, Tensor]:
     """z and the per-row 1/rms."""
     _check_norm("moagen::rms_norm", x, weight, eps, lang)
     z, inv_rms = call("rmsnorm_fwd", "dnf", lang, _rows(x), weight, eps=eps)
     return z.reshape(x.shape), inv_rms.reshape(x.shape[:-1])
 
 
-@rms_norm_op.register_fake
-def _(x, weight, eps, lang):
+def _rms_norm_fake(x, weight, eps, lang):
     _check_norm("moagen::rms_norm", x, weight, eps, lang)
     return x.new_empty(x.shape), x.new_empty(x.shape[:-1])
 
 
-@torch.library.custom_op("moagen::rms_norm_backward", mutates_args=())
-def rms_norm_backward_op(x: Tensor, weight: Tensor, inv_rms: Tensor, grad_z: Tensor,
-                         lang: str) -> tuple[Tensor, Tensor]:
+def _rms_norm_backward(x: Tensor, weight: Tensor, inv_rms: Tensor, grad_z: Tensor,
+                       lang: str) -> tuple[Tensor, Tensor]:
     dx, dweight = call("rmsnorm_bwd", "dnf", lang, _rows(x), weight,
                        inv_rms.reshape(1, -1), _rows(grad_z))
     return dx.reshape(x.shape), dweight
 
 
-@rms_norm_backward_op.register_fake
-def _(x, weight, inv_rms, grad_z, lang):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+rms_norm_backward_op = Operator(
+    "moagen::rms_norm_backward", _rms_norm_backward,
+    lambda x, weight, inv_rms, grad_z, lang: (x.new_empty(x.shape), weight.new_empty(weight.shape)))
 
 
 def _setup_norm(ctx, inputs, output):
@@ -78,7 +75,8 @@ def _backward_norm(ctx, grad_z, _grad_inv_rms):
     return dx, dweight, None, None
 
 
-rms_norm_op.register_autograd(_backward_norm, setup_context=_setup_norm)
+rms_norm_op = Operator("moagen::rms_norm", _rms_norm, _rms_norm_fake, backward=_backward_norm,
+                       setup_context=_setup_norm)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5, *, lang: str = "c") -> Tensor:
@@ -103,32 +101,30 @@ def _check_mlp(op, x, w_gate, w_up, w_down, lang):
         raise ValueError(f"{op}: d_ff must be at least 1")
 
 
-@torch.library.custom_op("moagen::swiglu_mlp", mutates_args=())
-def swiglu_mlp_op(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
-                  lang: str) -> tuple[Tensor, Tensor]:
+def _swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
+                lang: str) -> tuple[Tensor, Tensor]:
     """F and U = x w_gate."""
     _check_mlp("moagen::swiglu_mlp", x, w_gate, w_up, w_down, lang)
     f, u = call("mlp_fwd", "tiled", lang, _rows(x), w_gate, w_up, w_down)
     return f.reshape(x.shape), u.reshape(*x.shape[:-1], -1)
 
 
-@swiglu_mlp_op.register_fake
-def _(x, w_gate, w_up, w_down, lang):
+def _swiglu_mlp_fake(x, w_gate, w_up, w_down, lang):
     _check_mlp("moagen::swiglu_mlp", x, w_gate, w_up, w_down, lang)
     return x.new_empty(x.shape), x.new_empty((*x.shape[:-1], w_gate.shape[1]))
 
 
-@torch.library.custom_op("moagen::swiglu_mlp_backward", mutates_args=())
-def swiglu_mlp_backward_op(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, u: Tensor,
-                           grad_f: Tensor, lang: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _swiglu_mlp_backward(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, u: Tensor,
+                         grad_f: Tensor, lang: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     dx, dw_gate, dw_up, dw_down = call("mlp_bwd", "tiled", lang, _rows(x), w_gate, w_up, w_down,
                                        _rows(u), _rows(grad_f))
     return dx.reshape(x.shape), dw_gate, dw_up, dw_down
 
 
-@swiglu_mlp_backward_op.register_fake
-def _(x, w_gate, w_up, w_down, u, grad_f, lang):
-    return tuple(t.new_empty(t.shape) for t in (x, w_gate, w_up, w_down))
+swiglu_mlp_backward_op = Operator(
+    "moagen::swiglu_mlp_backward", _swiglu_mlp_backward,
+    lambda x, w_gate, w_up, w_down, u, grad_f, lang: tuple(t.new_empty(t.shape)
+                                                          for t in (x, w_gate, w_up, w_down)))
 
 
 def _setup_mlp(ctx, inputs, output):
@@ -145,7 +141,8 @@ def _backward_mlp(ctx, grad_f, _grad_u):
     return swiglu_mlp_backward_op(*ctx.saved_tensors, grad_f, ctx.lang) + (None,)
 
 
-swiglu_mlp_op.register_autograd(_backward_mlp, setup_context=_setup_mlp)
+swiglu_mlp_op = Operator("moagen::swiglu_mlp", _swiglu_mlp, _swiglu_mlp_fake,
+                         backward=_backward_mlp, setup_context=_setup_mlp)
 
 
 def swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, *,

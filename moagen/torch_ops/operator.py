@@ -1,0 +1,64 @@
+"""An operator of moagen.torch, defined once and called two ways.
+
+    rms_norm_op = Operator("moagen::rms_norm", impl, fake,
+                           backward=backward, setup_context=setup_context)
+    z, inv_rms = rms_norm_op(x, weight, eps, lang)
+
+It is a torch.library custom op (its schema from impl's annotations, `fake` its shapes for
+tracing, the autograd formula registered on it), and that op is what runs wherever PyTorch
+traces: under torch.compile, and on any tensor that is not a plain CPU tensor or parameter
+(fake, functional and meta tensors, subclasses), or a list of tensors (the block's weights,
+which an autograd.Function would not differentiate). A call in eager mode on plain tensors
+runs the same impl, setup_context and backward through a torch.autograd.Function instead:
+the custom op's Python layers (dispatch, argument defaults, its own autograd wrapper) cost
+about 30 us a call, as much as a small kernel's work, and a model makes many small calls.
+"""
+import torch
+from torch import nn
+
+PLAIN = (torch.Tensor, nn.Parameter)
+
+
+class Operator:
+    def __init__(self, name, impl, fake, *, mutates_args=(), backward=None,
+                 setup_context=None):
+        """name: "moagen::..."; impl(*args) the operator (annotated: the schema is read off
+        it); fake(*args) empty outputs of its shapes; backward(ctx, *grads) and
+        setup_context(ctx, inputs, output) as torch.library.register_autograd takes them,
+        or neither for an operator without a gradient."""
+        self.custom_op = torch.library.custom_op(name, impl, mutates_args=mutates_args)
+        self.custom_op.register_fake(fake)
+        self._impl = impl
+        self._function = None
+        if backward is not None:
+            self.custom_op.register_autograd(backward, setup_context=setup_context)
+            self._function = _function(name, impl, setup_context, backward)
+
+    def __call__(self, *args):
+        if torch.compiler.is_compiling() or not _plain(args):
+            return self.custom_op(*args)
+        if self._function is None:
+            return self._impl(*args)
+        return self._function.apply(*args)
+
+
+def _plain(args):
+    """Whether every argument is a plain CPU tensor or parameter, or not a tensor at all."""
+    for a in args:
+        if isinstance(a, (list, tuple)) or (isinstance(a, torch.Tensor)
+                                            and (type(a) not in PLAIN or not a.is_cpu)):
+            return False
+    return True
+
+
+def _function(name, impl, setup_context, backward):
+    """The torch.autograd.Function of impl with this autograd formula. Its forward takes
+    the context and sets it up itself: given a setup_context of its own, Function.apply
+    would bind every call's arguments to forward's signature through inspect (~20 us)."""
+    def forward(ctx, *args):
+        output = impl(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    return type(name.replace("::", "_"), (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
