@@ -30,22 +30,23 @@ def check_lang(op, lang):
 def check_tensors(op, **tensors):
     """Every tensor on the CPU, float32 or float64, all of one dtype; returns that dtype's
     name."""
-    dtypes = {}
+    dtype = None
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type == "cuda":
-            raise ValueError(f"{op}: {name} is on {t.device}: {CUDA_MISSING}")
-        if t.device.type not in ("cpu", "meta"):  # meta: shape-only tracing
+        if not (t.is_cpu or t.is_meta):  # meta: shape-only tracing
+            if t.is_cuda:
+                raise ValueError(f"{op}: {name} is on {t.device}: {CUDA_MISSING}")
             raise ValueError(f"{op}: {name} is on {t.device}; moagen's kernels run on CPU tensors")
         if t.dtype not in DTYPES:
             raise ValueError(f"{op}: {name} has dtype {t.dtype}; moagen's kernels take "
                              "torch.float32 or torch.float64 (no implicit casting)")
-        dtypes[name] = t.dtype
-    if len(set(dtypes.values())) > 1:
-        listed = ", ".join(f"{n}: {d}" for n, d in dtypes.items())
-        raise ValueError(f"{op}: the tensors must share one dtype, got {listed}")
-    return DTYPES[next(iter(dtypes.values()))]
+        if dtype is None:
+            dtype = t.dtype
+        elif t.dtype != dtype:
+            listed = ", ".join(f"{n}: {t.dtype}" for n, t in tensors.items())
+            raise ValueError(f"{op}: the tensors must share one dtype, got {listed}")
+    return DTYPES[dtype]
 
 
 def check_dims(op, name, t, ndim, meaning):
