@@ -12,6 +12,7 @@ forward's intermediates is returned to the caller as well. That list is the bloc
 retention, derived here, not written down.
 """
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Dict, Optional, Tuple
 
 import sympy
@@ -142,14 +143,22 @@ def format_stages(composite: Composite, stage: str, get_kernel) -> str:
     return "\n".join(lines) + "\n"
 
 
+@lru_cache(maxsize=65536)
+def _renamed(e, sizes):
+    """e with the sizes (pairs) substituted; remembered: xreplace rebuilds each Min and Max,
+    which sympy then compares term by term, and a stage's statements, the block's dtypes and
+    its backward repeat the same index expressions."""
+    return sympy.sympify(e).xreplace(dict(sizes))
+
+
 class _Renamer:
     """A stage's statements in the composite's names: arrays renamed, sizes substituted."""
 
     def __init__(self, arrays, sizes):
-        self.arrays, self.sizes = arrays, sizes
+        self.arrays, self.sizes = arrays, tuple(sizes.items())
 
     def index(self, e):
-        return sympy.sympify(e).xreplace(self.sizes)
+        return _renamed(e, self.sizes)
 
     def stmt(self, s):
         if isinstance(s, Loop):

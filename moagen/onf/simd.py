@@ -18,6 +18,7 @@ register tile opts out of the loop vectorizer leaves these loops vectorized: `om
 asks for it loop by loop.
 """
 from dataclasses import replace
+from functools import lru_cache
 from itertools import combinations
 
 import sympy
@@ -77,23 +78,30 @@ def _vectorizable(loop: Loop) -> bool:
 
 
 def _apart(a, b, loop) -> bool:
-    """Whether two stores' ranges over the loop cannot meet: both step by one element per
-    iteration, a whole nonzero number of loop extents apart (the rows of unrolled copies),
-    or a fixed distance at least the longest the loop runs (the rows of a block's scratch:
-    64 apart, over at most the 64 keys of a block)."""
-    if sympy.diff(a, loop.var) != 1 or sympy.diff(b, loop.var) != 1:
+    return _ranges_apart(a, b, loop.var, loop.start, loop.stop)
+
+
+@lru_cache(maxsize=4096)
+def _ranges_apart(a, b, var, start, stop) -> bool:
+    """Whether two stores' ranges over the loop var in [start, stop) cannot meet: both step
+    by one element per iteration, a whole nonzero number of loop extents apart (the rows of
+    unrolled copies), or a fixed distance at least the longest the loop runs (the rows of a
+    block's scratch: 64 apart, over at most the 64 keys of a block). Remembered: sympy's
+    simplify is most of the time the generator takes, and a kernel's dtypes and languages,
+    and the block's stages, ask the same questions."""
+    if sympy.diff(a, var) != 1 or sympy.diff(b, var) != 1:
         return False
-    gap, longest = sympy.simplify(a - b), _longest(loop)
+    gap, longest = sympy.simplify(a - b), _longest(start, stop)
     if gap.is_number and longest is not None:
         return abs(gap) >= longest
-    apart = sympy.simplify(gap / (loop.stop - loop.start))
+    apart = sympy.simplify(gap / (stop - start))
     return bool(apart.is_integer) and apart != 0
 
 
-def _longest(loop):
-    """A number of iterations the loop never exceeds (its stop may be Min(n, start + 64)),
-    or None."""
-    stops = loop.stop.args if isinstance(loop.stop, sympy.Min) else (loop.stop,)
-    spans = [sympy.simplify(stop - loop.start) for stop in stops]
+def _longest(start, stop):
+    """A number of iterations a loop from start to stop never exceeds (its stop may be
+    Min(n, start + 64)), or None."""
+    stops = stop.args if isinstance(stop, sympy.Min) else (stop,)
+    spans = [sympy.simplify(end - start) for end in stops]
     numbers = [span for span in spans if span.is_number]
     return min(numbers) if numbers else None
