@@ -425,3 +425,35 @@ def test_distribution_gives_each_array_its_loop_and_keeps_the_value():
         Distribute("k")(onf.with_nests([nest(reads_z)]))
     with pytest.raises(ScheduleError, match="no loop over c"):
         Distribute("c")(onf)
+
+
+def test_distribution_takes_each_loop_the_locals_it_reads():
+    """for i: let a = x[i]; let b = 2 a; let u = w[i]; for c: y[c] += a v[c]; for c: z[c] +=
+    b u  ->  one loop over i for y (with a) and one for z (with a, b, u), values unchanged;
+    a local reading an array the loop adds into is refused."""
+    from moagen.onf.schedule import Distribute
+    i, c, n, m = sym("i"), sym("c"), sym("n"), sym("m")
+    lets = (Let("a", S.Access("x", (i,))), Let("b", S.Bin("*", S.Num(2.0), S.Local("a"))),
+            Let("u", S.Access("w", (i,))))
+    adds = (Loop(c, sympy.Integer(0), m, (Store("y", (c,), S.Bin("*", S.Local("a"),
+                                                                   S.Access("v", (c,))),
+                                                accumulate="+"),)),
+            Loop(c, sympy.Integer(0), m, (Store("z", (c,), S.Bin("*", S.Local("b"),
+                                                                   S.Local("u")),
+                                                accumulate="+"),)))
+    zero = Loop(c, sympy.Integer(0), m, (Store("y", (c,), S.Num(0.0)),
+                                         Store("z", (c,), S.Num(0.0))))
+    nest = lambda body: Nest("y", (zero, Loop(i, sympy.Integer(0), n, body)), "y, z")
+    onf = ONF("rows_summed", "test", (Buffer("x", (n,)), Buffer("w", (n,)), Buffer("v", (m,))),
+              (Buffer("y", (m,)), Buffer("z", (m,))), (), (n, m), (), (nest(lets + adds),))
+    split = Distribute("i")(onf)
+    loops = split.nests[0].body[1:]
+    assert [[s.name for s in lp.body if isinstance(s, Let)] for lp in loops] == [["a"],
+                                                                                 ["a", "b", "u"]]
+    xs, ws, vs = np.arange(4.0), np.linspace(1, 2, 4), np.array([1.0, -2.0, 0.5])
+    got = run_onf(split, {"x": xs, "w": ws, "v": vs}, {})
+    np.testing.assert_allclose(got["y"], xs.sum() * vs, rtol=1e-15)
+    np.testing.assert_allclose(got["z"], np.full(3, (2 * xs * ws).sum()), rtol=1e-15)
+    reads_y = (Let("a", S.Access("y", (sympy.Integer(0),))),) + lets[1:]
+    with pytest.raises(ScheduleError, match="reads an array the loop adds into"):
+        Distribute("i")(onf.with_nests([nest(reads_y + adds)]))

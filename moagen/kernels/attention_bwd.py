@@ -30,7 +30,7 @@ from moagen.onf.causalrows import CausalRows
 from moagen.onf.fusion import FuseNests, Scatter
 from moagen.onf.interchange import BlockInterchange
 from moagen.onf.keyblocks import KeyBlocks
-from moagen.onf.keytiles import KeyTiles
+from moagen.onf.keytiles import ColumnTiles, KeyTiles
 from moagen.onf.online import OnlineSoftmax
 from moagen.onf.partials import PartBuffers
 from moagen.onf.reductions import LowerReductions
@@ -157,6 +157,13 @@ def owner(rows, keys, parts, lanes, causal, block=None):
                           if nest != "forward")
     # the key rows' additions into dK, dV (and dQ's part) a loop each
     schedule += (Distribute("c"),)
+    if lanes:
+        # and the loop over the query rows summed together holding them one loop each: dK's
+        # and dV's become register tiles, a tile of the jammed key rows by `lanes` columns
+        # kept in registers over a block's query rows, each query row's columns loaded once
+        # for all the key rows (dQ's part is indexed by the query rows: it stays as it is)
+        summed = tiled("i", keys)
+        schedule += (Distribute(summed, nest="keys"), ColumnTiles("keys", summed, "c", lanes))
     return Layers(algorithm, schedule, cpu(*mapping, *extra))
 
 
