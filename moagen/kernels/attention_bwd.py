@@ -90,8 +90,9 @@ def owner(rows, keys, parts, lanes, causal, block=None):
     lanes > 0: the products as register tiles `lanes` wide, the forward's in
     FlashAttention's form (flash_tiles, which also skips the causal kernel's key blocks past
     the diagonal), the backward's scores and dO V^T of the walking rows against `lanes` of
-    the other side's (KeyTiles): FlashAttention-2's backward. lanes = 0: one row of the
-    other side at a time.
+    the other side's (KeyTiles), and the key rows' dK and dV as tiles of their rows by
+    `lanes` columns kept over a block of query rows (ColumnTiles): FlashAttention-2's
+    backward. lanes = 0: one row of the other side at a time.
 
     parts > 0: no dQ pass. The key rows' pass adds each dS K into dQ as well (dQ scattered
     over keys, its dS shared with dK's), into one buffer per part of the keys of a head
