@@ -30,7 +30,7 @@ def check_lang(op, lang):
 def check_tensors(op, **tensors):
     """Every tensor on the CPU, float32 or float64, all of one dtype; returns that dtype's
     name."""
-    dtype = None
+    dtypes = {}
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -41,12 +41,11 @@ def check_tensors(op, **tensors):
         if t.dtype not in DTYPES:
             raise ValueError(f"{op}: {name} has dtype {t.dtype}; moagen's kernels take "
                              "torch.float32 or torch.float64 (no implicit casting)")
-        if dtype is None:
-            dtype = t.dtype
-        elif t.dtype != dtype:
-            listed = ", ".join(f"{n}: {t.dtype}" for n, t in tensors.items())
-            raise ValueError(f"{op}: the tensors must share one dtype, got {listed}")
-    return DTYPES[dtype]
+        dtypes[name] = t.dtype
+    if len(set(dtypes.values())) > 1:
+        listed = ", ".join(f"{n}: {d}" for n, d in dtypes.items())
+        raise ValueError(f"{op}: the tensors must share one dtype, got {listed}")
+    return DTYPES[next(iter(dtypes.values()))]
 
 
 def check_dims(op, name, t, ndim, meaning):
