@@ -72,13 +72,10 @@ def _vectorizable(loop: Loop) -> bool:
                  for e in S.subexpressions(x) if isinstance(e, S.Load) and e.array == array}
         if reads - offsets:
             return False  # another iteration's element: the lanes would see stale values
-        if not all(_apart(a, b, loop) for a, b in combinations(offsets, 2)):
+        if not all(_ranges_apart(a, b, loop.var, loop.start, loop.stop)
+                   for a, b in combinations(offsets, 2)):
             return False
     return True
-
-
-def _apart(a, b, loop) -> bool:
-    return _ranges_apart(a, b, loop.var, loop.start, loop.stop)
 
 
 @lru_cache(maxsize=4096)
