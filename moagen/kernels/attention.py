@@ -96,11 +96,11 @@ def flash_tiles(nest, rows, lanes, causal):
 def flash_params(n: int, d: int, causal: bool) -> dict:
     """The parameters of a kernel in FlashAttention's form (attention_fwd's flash,
     attention_fwdbwd's owner; attention_bwd's flash takes all but `block`, having no forward
-    pass) for sizes where its defaults, chosen at n 1024-8192 and d 64-128, lose: tiles 16 lanes wide when d < 32 (float32's 32 lanes would leave every
-    output column to the remainder loop), and blocks of 16 keys for causal sequences up to
-    256 (only the diagonal blocks select; at n 64 a block of 64 keys is all diagonal). The
-    others are the defaults. Measured in docs/PERFORMANCE.md ("Attention at a small model's
-    sizes")."""
+    pass) for sizes where its defaults, chosen at n 1024-8192 and d 64-128, lose: tiles 16
+    lanes wide when d < 32 (float32's 32 lanes would leave every output column to the
+    remainder loop), and blocks of 16 keys for causal sequences up to 256 (only the diagonal
+    blocks select; at n 64 a block of 64 keys is all diagonal). The others are the defaults.
+    Measured in docs/PERFORMANCE.md ("Attention at a small model's sizes")."""
     params = {"lanes": 16} if d < 32 else {}
     if causal and n <= 256:
         params.update(block=16, lanes=16)
