@@ -137,6 +137,27 @@ def test_a_failing_worker_keeps_what_was_measured(tmp_path, session_build_dir):
     assert [r["record"] for r in kept] == ["run", "result"] and kept[1]["kernel"] == "rmsnorm_fwd"
 
 
+def test_the_cost_model_runs_before_the_worker_times(tmp_path, monkeypatch, session_build_dir):
+    """Seconds of sympy in this process while the worker times calls take a core from them:
+    every variant's cost is computed before the worker starts, none while it runs."""
+    from moagen.cost.model import _predict
+    _predict.cache_clear()
+    computed_at_start, real_popen = [], sweep.subprocess.Popen
+
+    def popen(command, *args, **kwargs):
+        if "moagen.bench.worker" in command:
+            computed_at_start.append(_predict.cache_info().misses)
+        return real_popen(command, *args, **kwargs)
+    monkeypatch.setattr(sweep.subprocess, "Popen", popen)
+    groups = [dict(kernel=kernel, dtype="float64", sizes=cases.sizes(kernel, 8),
+                   impls=[["c", "dnf", None], ["numpy", None]])
+              for kernel in ("rmsnorm_fwd", "rmsnorm_bwd")]
+    records = sweep.run([sweep.Job(sweep.Setting(1), groups, warmup=0, repeats=1)],
+                        sweep.Results(tmp_path / "r.jsonl", ["test"]))
+    assert computed_at_start == [2] == [_predict.cache_info().misses]
+    assert all(r["gflops"] > 0 for r in records if r["variant"])
+
+
 def test_a_call_per_batch_entry_computes_the_same(session_build_dir):
     sizes = dict(batch=3, q_heads=4, kv_heads=2, cap=9, d=5, n=7)
     fn = cases.kernel_callable("attention_decode", "split", "c", "float64")

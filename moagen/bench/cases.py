@@ -123,6 +123,15 @@ def kernel_callable(kernel: str, variant: str, lang: str, dtype: str, params=Non
     return runtime.load(kernel, variant, lang, dtype, params, tuned=False)
 
 
+def schedule(kernel: str, variant: str, lang: str, dtype: str, params=None) -> dict:
+    """The schedule parameters one of our calls runs with (its target's defaults for the
+    dtype, a GPU's for CUDA, under params), and whether `moagen tune` chose them."""
+    from moagen.kernels import get_kernel
+    from moagen.targets import get_target
+    chosen = get_kernel(kernel).variant(variant).params(params, get_target(lang).kind, dtype)
+    return dict(params=chosen, tuned=bool(params))
+
+
 def computes(kernel: str, baseline: str) -> str:
     """One line: what a baseline computes for this kernel."""
     from moagen.kernels import get_kernel

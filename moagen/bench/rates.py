@@ -33,3 +33,18 @@ def with_rates(record: dict) -> dict:
     per_second = lambda count: None if count is None else count / record["median_s"] / 1e9
     return dict(record, flops=flops, bytes=nbytes, gflops=per_second(flops),
                 gbs=per_second(nbytes), min_bytes=least, min_gbs=per_second(least))
+
+
+def predict_ahead(groups):
+    """Run the cost model for each of our calls in these groups before their worker starts
+    timing them: it takes seconds of sympy a variant (remembered afterwards), which, run
+    while the worker timed the next group, took a core from the timed calls
+    (docs/PERFORMANCE.md, "The bench's own CPU time"). The counts at the call's sizes are
+    left to with_rates, cheap by then."""
+    from moagen.bench import cases
+    from moagen.cost import predict
+    for group in groups:
+        for lang, variant, *params in group["impls"]:
+            if lang not in cases.BASELINES:
+                chosen = cases.schedule(group["kernel"], variant, lang, group["dtype"], *params)
+                predict(group["kernel"], variant, group["dtype"], chosen["params"])

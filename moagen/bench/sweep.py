@@ -94,11 +94,12 @@ class Progress:
 
 def run(jobs, results: Results):
     """Run every job in its own worker; returns the records appended, in order."""
-    from moagen.bench.rates import with_rates
+    from moagen.bench.rates import predict_ahead, with_rates
 
     progress = Progress(sum(job.measurements for job in jobs))
     records = []
     for job in jobs:
+        predict_ahead(job.groups)
         payload = dict(groups=job.groups, warmup=job.warmup, repeats=job.repeats, roof=job.roof,
                        quick=job.quick, touch=job.setting.touch, calls=job.setting.calls,
                        triad_in_rounds=job.triad_in_rounds, device=job.device)

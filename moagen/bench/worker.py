@@ -57,19 +57,10 @@ def run(job):
             ours = lang not in cases.BASELINES
             theirs = dict(computes=cases.computes(kernel, lang),
                           **({"compile_s": first[lang]} if lang in first else {}))
-            schedule = _schedule(kernel, variant, lang, dtype, *params) if ours else {}
+            schedule = cases.schedule(kernel, variant, lang, dtype, *params) if ours else {}
             _emit(dict(record="result", kernel=kernel, variant=variant if ours else None,
                        lang=lang, dtype=dtype, sizes=sizes, **stats,
                        **(dict(schedule, **alongside) if ours else theirs)))
-
-
-def _schedule(kernel, variant, lang, dtype, params=None):
-    """The schedule parameters a result ran with (its target's defaults for the dtype, a
-    GPU's for CUDA), and whether `moagen tune` chose them."""
-    from moagen.kernels import get_kernel
-    from moagen.targets import get_target
-    chosen = get_kernel(kernel).variant(variant).params(params, get_target(lang).kind, dtype)
-    return dict(params=chosen, tuned=bool(params))
 
 
 def _call(fn, args, out, scalars, calls):
