@@ -93,9 +93,31 @@ def test_gemm_share_takes_the_roof_of_the_results_dtype_and_threads():
 
 def test_time_calls_round_robin_after_warmup():
     order = []
-    stats = time_calls([lambda: order.append("a"), lambda: order.append("b")], warmup=2, repeats=3)
+    stats = time_calls([lambda: order.append("a"), lambda: order.append("b")], warmup=2, repeats=3,
+                       batch_s=0)
     assert order == ["a", "a", "b", "b"] + ["a", "b"] * 3
     assert [s["repeats"] for s in stats] == [3, 3]
+
+
+def test_short_calls_are_timed_in_batches():
+    seconds = {"short": 1e-5, "long": 2e-3}
+    counts = dict.fromkeys(seconds, 0)
+
+    def clock(fn):  # a clock that reads the calls' counts: no sleeping, no timing noise
+        before = sum(counts.values())
+        fn()
+        return seconds["short"] * (sum(counts.values()) - before) if fn.__name__ == "batch" \
+            else seconds[fn.__name__]
+
+    def call(name):
+        def fn():
+            counts[name] += 1
+        fn.__name__ = name
+        return fn
+    stats = time_calls([call("short"), call("long")], warmup=1, repeats=3, clock=clock)
+    assert [s["calls_per_sample"] for s in stats] == [100, 1]  # 1 ms of 10 us calls
+    assert counts == {"short": 1 + 1 + 3 * 100, "long": 1 + 1 + 3}  # warm-up, probe, samples
+    assert stats[0]["median_s"] == pytest.approx(1e-5)
 
 
 def test_bad_input_messages(capsys):

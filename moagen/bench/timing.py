@@ -2,12 +2,20 @@
 pool start), then repeats, round-robin over the calls being compared, so that a burst of
 load from elsewhere on the machine falls on all of them rather than on one. The median and
 the interquartile range describe each call's times. A call that runs on a GPU is timed by
-the GPU's clock (the device's `elapsed`: CUDA events), others by the host's wall clock."""
+the GPU's clock (the device's `elapsed`: CUDA events), others by the host's wall clock.
+
+A call shorter than BATCH_S is timed in batches of back-to-back calls, each time the
+batch's over its calls (as timeit does): alone, such a call's time is mostly what the
+call before it left behind (caches emptied by the triad in the rounds, threads gone to
+sleep), which the round-robin order, not the implementation, decides."""
+import math
 import time
 
 import numpy as np
 
 SLOW_CALL_S = 2.0  # when a warm-up call is slower than this, 3 repeats at most
+BATCH_S = 1e-3  # calls shorter than this (in their last warm-up) are timed in batches
+MAX_BATCH = 1000
 
 
 def wall_clock(fn):
@@ -16,18 +24,38 @@ def wall_clock(fn):
     return time.perf_counter() - start
 
 
-def time_calls(calls, warmup=1, repeats=5, clock=wall_clock) -> list:
+def time_calls(calls, warmup=1, repeats=5, clock=wall_clock, batch_s=BATCH_S) -> list:
     """Statistics for each of `calls` (callables of no argument), in order; clock(fn) runs
     fn once and returns its seconds."""
+    batches = []
     for fn in calls:
+        last = None
         for _ in range(warmup):
-            if clock(fn) > SLOW_CALL_S:
+            last = clock(fn)
+            if last > SLOW_CALL_S:
                 repeats = min(repeats, 3)
+        if last is not None and last < 10 * batch_s:
+            last = clock(fn)  # a first call's one-time costs would hide a short call
+        batches.append(_batch(last, batch_s))
     times = [[] for _ in calls]
     for _ in range(repeats):
-        for fn, mine in zip(calls, times):
-            mine.append(clock(fn))
-    return [_stats(t, warmup) for t in times]
+        for fn, batch, mine in zip(calls, batches, times):
+            mine.append(clock(fn) if batch == 1 else clock(_calls(fn, batch)) / batch)
+    return [dict(_stats(t, warmup), calls_per_sample=batch) for t, batch in zip(times, batches)]
+
+
+def _batch(seconds, batch_s):
+    """How many back-to-back calls one sample takes: enough to last batch_s."""
+    if seconds is None or seconds >= batch_s:
+        return 1
+    return min(MAX_BATCH, math.ceil(batch_s / max(seconds, 1e-7)))
+
+
+def _calls(fn, count):
+    def batch():
+        for _ in range(count):
+            fn()
+    return batch
 
 
 def _stats(times, warmup):
