@@ -34,8 +34,10 @@ def time_calls(calls, warmup=1, repeats=5, clock=wall_clock, batch_s=BATCH_S) ->
             last = clock(fn)
             if last > SLOW_CALL_S:
                 repeats = min(repeats, 3)
-        if last is not None and last < 10 * batch_s:
-            last = clock(fn)  # a first call's one-time costs would hide a short call
+        if last is not None and last < 100 * batch_s:
+            # one more call: the first's one-time costs (a thread pool started, pages
+            # mapped: tens of ms) would hide a short call
+            last = min(last, clock(fn))
         batches.append(_batch(last, batch_s))
     times = [[] for _ in calls]
     for _ in range(repeats):
