@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from moagen import reference, reference_block, runtime
-from moagen.bench import tune, worker
+from moagen.bench import cases, tune
 from moagen.cli import main
 from moagen.codegen.emit import emit
 from moagen.errors import SpecError, UnknownNameError
@@ -95,11 +95,11 @@ def test_the_runtime_binds_the_dtype_defaults_and_a_tuned_choice_wins(
 
 
 def test_the_bench_records_the_parameters_of_the_dtype():
-    assert worker._schedule("attention_fwd", "flash", "c", "float32") == \
+    assert cases.schedule("attention_fwd", "flash", "c", "float32") == \
         dict(params=FLASH.defaults_for("cpu", "float32"), tuned=False)
-    chosen = worker._schedule("attention_fwd", "flash", "c", "float32", {"lanes": 8})
+    chosen = cases.schedule("attention_fwd", "flash", "c", "float32", {"lanes": 8})
     assert chosen["params"]["lanes"] == 8 and chosen["tuned"]
-    assert worker._schedule("attention_fwd", "flash", "cuda", "float32")["params"] == \
+    assert cases.schedule("attention_fwd", "flash", "cuda", "float32")["params"] == \
         FLASH.defaults_for("cuda", "float32")
 
 
