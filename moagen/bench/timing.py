@@ -4,10 +4,12 @@ load from elsewhere on the machine falls on all of them rather than on one. The 
 the interquartile range describe each call's times. A call that runs on a GPU is timed by
 the GPU's clock (the device's `elapsed`: CUDA events), others by the host's wall clock.
 
-A call shorter than BATCH_S is timed in batches of back-to-back calls, each time the
-batch's over its calls (as timeit does): alone, such a call's time is mostly what the
+A call shorter than WARM_BELOW x BATCH_S (100 ms) is timed right after an untimed call of
+itself, and one shorter than BATCH_S in batches of back-to-back calls, each time the
+batch's over its calls (as timeit does): alone, a short call's time is much of what the
 call before it left behind (caches emptied by the triad in the rounds, threads gone to
-sleep), which the round-robin order, not the implementation, decides."""
+sleep; a few ms at most), which the round-robin order, not the implementation, decides.
+Short calls are so measured warm, as in a model's loop of operators."""
 import math
 import time
 
@@ -16,6 +18,7 @@ import numpy as np
 SLOW_CALL_S = 2.0  # when a warm-up call is slower than this, 3 repeats at most
 BATCH_S = 1e-3  # calls shorter than this (in their last warm-up) are timed in batches
 MAX_BATCH = 1000
+WARM_BELOW = 100  # calls under this many BATCH_S are each timed after an untimed call
 
 
 def wall_clock(fn):
@@ -27,21 +30,24 @@ def wall_clock(fn):
 def time_calls(calls, warmup=1, repeats=5, clock=wall_clock, batch_s=BATCH_S) -> list:
     """Statistics for each of `calls` (callables of no argument), in order; clock(fn) runs
     fn once and returns its seconds."""
-    batches = []
+    batches, warm = [], []
     for fn in calls:
         last = None
         for _ in range(warmup):
             last = clock(fn)
             if last > SLOW_CALL_S:
                 repeats = min(repeats, 3)
-        if last is not None and last < 100 * batch_s:
+        warm.append(last is not None and last < WARM_BELOW * batch_s)
+        if warm[-1]:
             # one more call: the first's one-time costs (a thread pool started, pages
             # mapped: tens of ms) would hide a short call
             last = min(last, clock(fn))
         batches.append(_batch(last, batch_s))
     times = [[] for _ in calls]
     for _ in range(repeats):
-        for fn, batch, mine in zip(calls, batches, times):
+        for fn, batch, warmed, mine in zip(calls, batches, warm, times):
+            if warmed:
+                fn()  # untimed: the sample starts warm whatever ran before it in the round
             mine.append(clock(fn) if batch == 1 else clock(_calls(fn, batch)) / batch)
     return [dict(_stats(t, warmup), calls_per_sample=batch) for t, batch in zip(times, batches)]
 
