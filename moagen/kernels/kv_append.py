@@ -38,8 +38,8 @@ def validate(sizes, scalars):
                          f"capacity of {sizes['cap']} rows")
 
 
-# On a CPU one thread: a row per head is less work than starting the threads (the smallest
-# KV cache's append took 15-21 us in parallel, 4 us alone). On a GPU a thread per head.
+# On a CPU one thread: copying a row per head is less work than starting the threads
+# (docs/PERFORMANCE.md, "The bench's own CPU time"). On a GPU a thread per head.
 ON_A_GPU = (GpuThreads(("b", "g")),)
 VARIANTS = {
     # only row n of each cache is written, into the caches themselves
