@@ -205,6 +205,25 @@ def test_eager_calls_skip_the_dispatcher_and_traced_calls_take_the_custom_op():
     assert "moagen::rms_norm" in {event.name for event in traced.events()}
 
 
+def test_an_eager_call_that_writes_its_arguments_bumps_their_versions():
+    """The eager path of kv_append (no dispatcher) tells autograd the caches changed, as
+    the custom op does: a gradient through a value saved before the append is refused."""
+    from moagen.torch_ops.decode import kv_append_op
+    cache, other = torch.zeros(1, 2, 4, 3, dtype=torch.float64), torch.zeros(1, 2, 4, 3,
+                                                                            dtype=torch.float64)
+    row = torch.ones(1, 2, 3, dtype=torch.float64)
+    before = cache._version, other._version
+    kv_append_op(cache, other, row, row, 0, "c")
+    assert (cache._version, other._version) == (before[0] + 1, before[1] + 1)
+    kv_append_op.custom_op(cache, other, row, row, 1, "c")
+    assert (cache._version, other._version) == (before[0] + 2, before[1] + 2)
+    w = torch.ones(3, dtype=torch.float64, requires_grad=True)
+    product = cache * w  # saves cache for w's gradient
+    kv_append_op(cache, other, row, row, 2, "c")
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        product.sum().backward()
+
+
 def _errors_of(call):
     with pytest.raises((ValueError, TypeError)) as error:
         call()

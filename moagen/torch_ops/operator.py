@@ -13,6 +13,8 @@ runs the same impl, setup_context and backward through a torch.autograd.Function
 the custom op's Python layers (dispatch, argument defaults, its own autograd wrapper) cost
 about 30 us a call, as much as a small kernel's work, and a model makes many small calls.
 """
+import inspect
+
 import torch
 from torch import nn
 
@@ -25,10 +27,18 @@ class Operator:
         """name: "moagen::..."; impl(*args) the operator (annotated: the schema is read off
         it); fake(*args) empty outputs of its shapes; backward(ctx, *grads) and
         setup_context(ctx, inputs, output) as torch.library.register_autograd takes them,
-        or neither for an operator without a gradient."""
+        or neither for an operator without a gradient. mutates_args: impl's parameters it
+        writes in place (an operator without a gradient)."""
+        if mutates_args and backward is not None:
+            raise ValueError(f"{name}: an operator that writes its arguments has no gradient "
+                             "here (its eager path would not mark them dirty)")
         self.custom_op = torch.library.custom_op(name, impl, mutates_args=mutates_args)
         self.custom_op.register_fake(fake)
         self._impl = impl
+        # the eager path bumps their version counters, as the custom op does, so that
+        # autograd refuses a gradient through a value the call overwrote
+        parameters = list(inspect.signature(impl).parameters)
+        self._mutated = tuple(parameters.index(arg) for arg in mutates_args)
         self._function = None
         if backward is not None:
             self.custom_op.register_autograd(backward, setup_context=setup_context)
@@ -38,7 +48,10 @@ class Operator:
         if torch.compiler.is_compiling() or not _plain(args):
             return self.custom_op(*args)
         if self._function is None:
-            return self._impl(*args)
+            result = self._impl(*args)
+            if self._mutated:
+                torch.autograd.graph.increment_version([args[i] for i in self._mutated])
+            return result
         return self._function.apply(*args)
 
 
