@@ -26,7 +26,27 @@ verify: $(VENV)/.installed
 verify-cuda-emulated: $(VENV)/.installed  # every CUDA kernel run on the host, no GPU needed
 	$(MOAGEN) verify --lang cuda --emulate
 
-.PHONY: all generated build verify verify-cuda-emulated build-openacc verify-openacc ptx-openacc verify-ranks gpu-dry-run test bench clean
+# OpenACC C and Fortran with gcc's nvptx offloading (apt-get install gcc-12-offload-nvptx),
+# run on the host where there is no GPU; and their device code side by side (docs/OPENACC.md)
+build-openacc: $(VENV)/.installed
+	$(MOAGEN) build --lang openacc-c --lang openacc-fortran
+
+verify-openacc: $(VENV)/.installed
+	$(MOAGEN) verify --lang openacc-c --lang openacc-fortran
+
+ptx-openacc: $(VENV)/.installed
+	$(MOAGEN) bench c-vs-fortran --target openacc --ptx
+
+# the distributed kernels on 1..4 MPI ranks (oversubscribed past the cores: one thread a
+# rank), C and Fortran, both dtypes; OpenMPI refuses root unless told twice
+RANKS ?= 1 2 3 4
+verify-ranks: $(VENV)/.installed
+	set -e; for p in $(RANKS); do \
+	  OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	  mpirun --oversubscribe -np $$p $(MOAGEN) verify --ranks; done
+
+gpu-dry-run: $(VENV)/.installed  # every step of bench/gpu.sh on the CUDA emulation (minutes)
+	PYTHON=$(PYTHON) OUT=bench-results/gpu-dry-run bench/gpu.sh --dry-run
 
 test: $(VENV)/.installed
 	$(PYTHON) -m pytest -q -n auto --dist loadfile  # every core, a file's tests on one
