@@ -433,6 +433,14 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
             dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = dov_2;
             dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = dov_3;
         }
+        const double lse_at = lse[4*i_tile + n*(b*heads + h)];
+        const double delta_at = delta[4*i_tile + n*(b*heads + h)];
+        const double lse_at2 = lse[4*i_tile + n*(b*heads + h) + 1];
+        const double delta_at2 = delta[4*i_tile + n*(b*heads + h) + 1];
+        const double lse_at3 = lse[4*i_tile + n*(b*heads + h) + 2];
+        const double delta_at3 = delta[4*i_tile + n*(b*heads + h) + 2];
+        const double lse_at4 = lse[4*i_tile + n*(b*heads + h) + 3];
+        const double delta_at4 = delta[4*i_tile + n*(b*heads + h) + 3];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             double qk_0b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
             double qk_1b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
@@ -442,10 +450,10 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ(
             double dov_1 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
             double dov_2 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
             double dov_3 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-            const double t2_0b = scale * exp((4*i_tile >= j ? scale * qk_0b : -INFINITY) - lse[4*i_tile + n*(b*heads + h)]) * (dov_0 - delta[4*i_tile + n*(b*heads + h)]);
-            const double t2_1b = scale * exp((4*i_tile + 1 >= j ? scale * qk_1b : -INFINITY) - lse[4*i_tile + n*(b*heads + h) + 1]) * (dov_1 - delta[4*i_tile + n*(b*heads + h) + 1]);
-            const double t2_2b = scale * exp((4*i_tile + 2 >= j ? scale * qk_2b : -INFINITY) - lse[4*i_tile + n*(b*heads + h) + 2]) * (dov_2 - delta[4*i_tile + n*(b*heads + h) + 2]);
-            const double t2_3b = scale * exp((4*i_tile + 3 >= j ? scale * qk_3b : -INFINITY) - lse[4*i_tile + n*(b*heads + h) + 3]) * (dov_3 - delta[4*i_tile + n*(b*heads + h) + 3]);
+            const double t2_0b = scale * exp((4*i_tile >= j ? scale * qk_0b : -INFINITY) - lse_at) * (dov_0 - delta_at);
+            const double t2_1b = scale * exp((4*i_tile + 1 >= j ? scale * qk_1b : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
+            const double t2_2b = scale * exp((4*i_tile + 2 >= j ? scale * qk_2b : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
+            const double t2_3b = scale * exp((4*i_tile + 3 >= j ? scale * qk_3b : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
             t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t2_0b;
             t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t2_1b;
             t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t2_2b;
@@ -547,10 +555,12 @@ __global__ void attention_fwdbwd_causal_owner_f64_dQ_edge(
             qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = qk;
             dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = dov;
         }
+        const double lse_at5 = lse[i + n*(b*heads + h)];
+        const double delta_at5 = delta[i + n*(b*heads + h)];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             double qk = qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
             double dov = dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t2 = scale * exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
+            const double t2 = scale * exp((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
             t2_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = t2;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
@@ -1303,6 +1313,14 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
             dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = dov_2;
             dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = dov_3;
         }
+        const float lse_at = lse[4*i_tile + n*(b*heads + h)];
+        const float delta_at = delta[4*i_tile + n*(b*heads + h)];
+        const float lse_at2 = lse[4*i_tile + n*(b*heads + h) + 1];
+        const float delta_at2 = delta[4*i_tile + n*(b*heads + h) + 1];
+        const float lse_at3 = lse[4*i_tile + n*(b*heads + h) + 2];
+        const float delta_at3 = delta[4*i_tile + n*(b*heads + h) + 2];
+        const float lse_at4 = lse[4*i_tile + n*(b*heads + h) + 3];
+        const float delta_at4 = delta[4*i_tile + n*(b*heads + h) + 3];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             float qk_0b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
             float qk_1b = qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
@@ -1312,10 +1330,10 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ(
             float dov_1 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
             float dov_2 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
             float dov_3 = dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-            const float t2_0b = scale * expf((4*i_tile >= j ? scale * qk_0b : -INFINITY) - lse[4*i_tile + n*(b*heads + h)]) * (dov_0 - delta[4*i_tile + n*(b*heads + h)]);
-            const float t2_1b = scale * expf((4*i_tile + 1 >= j ? scale * qk_1b : -INFINITY) - lse[4*i_tile + n*(b*heads + h) + 1]) * (dov_1 - delta[4*i_tile + n*(b*heads + h) + 1]);
-            const float t2_2b = scale * expf((4*i_tile + 2 >= j ? scale * qk_2b : -INFINITY) - lse[4*i_tile + n*(b*heads + h) + 2]) * (dov_2 - delta[4*i_tile + n*(b*heads + h) + 2]);
-            const float t2_3b = scale * expf((4*i_tile + 3 >= j ? scale * qk_3b : -INFINITY) - lse[4*i_tile + n*(b*heads + h) + 3]) * (dov_3 - delta[4*i_tile + n*(b*heads + h) + 3]);
+            const float t2_0b = scale * expf((4*i_tile >= j ? scale * qk_0b : -INFINITY) - lse_at) * (dov_0 - delta_at);
+            const float t2_1b = scale * expf((4*i_tile + 1 >= j ? scale * qk_1b : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
+            const float t2_2b = scale * expf((4*i_tile + 2 >= j ? scale * qk_2b : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
+            const float t2_3b = scale * expf((4*i_tile + 3 >= j ? scale * qk_3b : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
             t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t2_0b;
             t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t2_1b;
             t2_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t2_2b;
@@ -1417,10 +1435,12 @@ __global__ void attention_fwdbwd_causal_owner_f32_dQ_edge(
             qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = qk;
             dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = dov;
         }
+        const float lse_at5 = lse[i + n*(b*heads + h)];
+        const float delta_at5 = delta[i + n*(b*heads + h)];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             float qk = qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
             float dov = dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t2 = scale * expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
+            const float t2 = scale * expf((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
             t2_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = t2;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {

@@ -186,15 +186,16 @@ void block_bwd_causal_composed_f64(
     double scale
 )
 {
-    /* norm2_recompute.z: reads norm2, resid, inv_rms2; scratch xn2
+    /* norm2_recompute.z: reads inv_rms2, norm2, resid; scratch xn2
      * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const double inv_rms_at = inv_rms2[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
-                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms_at;
             }
         }
     }
@@ -1490,9 +1491,10 @@ void block_bwd_causal_composed_f64(
                     total += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)];
                 }
                 const double t2 = total * -(inv_rms2[b*n + i] * inv_rms2[b*n + i] * inv_rms2[b*n + i]) / (double)dm;
+                const double inv_rms_at = inv_rms2[b*n + i];
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    const double t = dxn2[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    const double t = dxn2[c + dm*(b*n + i)] * inv_rms_at;
                     dresid_norm2[c + dm*(b*n + i)] = t * norm2[c] + t2 * resid[c + dm*(b*n + i)];
                     norm2_dweight_part[c + dm*i_part] += t * resid[c + dm*(b*n + i)];
                 }
@@ -3938,15 +3940,16 @@ void block_bwd_causal_composed_f64(
             }
         }
     }
-    /* norm1_recompute.z: reads norm1, x, inv_rms1; scratch xn1
+    /* norm1_recompute.z: reads inv_rms1, norm1, x; scratch xn1
      * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const double inv_rms_at = inv_rms1[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
-                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms_at;
             }
         }
     }
@@ -4846,9 +4849,10 @@ void block_bwd_causal_composed_f64(
                     total += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)];
                 }
                 const double t2 = total * -(inv_rms1[b*n + i] * inv_rms1[b*n + i] * inv_rms1[b*n + i]) / (double)dm;
+                const double inv_rms_at = inv_rms1[b*n + i];
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    const double t = dxn1[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    const double t = dxn1[c + dm*(b*n + i)] * inv_rms_at;
                     dx_norm1[c + dm*(b*n + i)] = t * norm1[c] + t2 * x[c + dm*(b*n + i)];
                     norm1_dweight_part[c + dm*i_part] += t * x[c + dm*(b*n + i)];
                 }
@@ -4969,15 +4973,16 @@ void block_bwd_causal_composed_f32(
     float scale
 )
 {
-    /* norm2_recompute.z: reads norm2, resid, inv_rms2; scratch xn2
+    /* norm2_recompute.z: reads inv_rms2, norm2, resid; scratch xn2
      * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const float inv_rms_at = inv_rms2[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
-                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms_at;
             }
         }
     }
@@ -7137,9 +7142,10 @@ void block_bwd_causal_composed_f32(
                     total += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)];
                 }
                 const float t2 = total * -(inv_rms2[b*n + i] * inv_rms2[b*n + i] * inv_rms2[b*n + i]) / (float)dm;
+                const float inv_rms_at = inv_rms2[b*n + i];
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    const float t = dxn2[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    const float t = dxn2[c + dm*(b*n + i)] * inv_rms_at;
                     dresid_norm2[c + dm*(b*n + i)] = t * norm2[c] + t2 * resid[c + dm*(b*n + i)];
                     norm2_dweight_part[c + dm*i_part] += t * resid[c + dm*(b*n + i)];
                 }
@@ -9585,15 +9591,16 @@ void block_bwd_causal_composed_f32(
             }
         }
     }
-    /* norm1_recompute.z: reads norm1, x, inv_rms1; scratch xn1
+    /* norm1_recompute.z: reads inv_rms1, norm1, x; scratch xn1
      * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const float inv_rms_at = inv_rms1[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
-                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms_at;
             }
         }
     }
@@ -10493,9 +10500,10 @@ void block_bwd_causal_composed_f32(
                     total += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)];
                 }
                 const float t2 = total * -(inv_rms1[b*n + i] * inv_rms1[b*n + i] * inv_rms1[b*n + i]) / (float)dm;
+                const float inv_rms_at = inv_rms1[b*n + i];
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    const float t = dxn1[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    const float t = dxn1[c + dm*(b*n + i)] * inv_rms_at;
                     dx_norm1[c + dm*(b*n + i)] = t * norm1[c] + t2 * x[c + dm*(b*n + i)];
                     norm1_dweight_part[c + dm*i_part] += t * x[c + dm*(b*n + i)];
                 }

@@ -95,7 +95,7 @@
 #define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
 #endif
 
-/* norm2_recompute.z: reads norm2, resid, inv_rms2; scratch xn2
+/* norm2_recompute.z: reads inv_rms2, norm2, resid; scratch xn2
  * for b, i (parallel) / c (simd)
  */
 __global__ void block_bwd_causal_composed_f64_norm2_recompute_z(
@@ -191,8 +191,9 @@ __global__ void block_bwd_causal_composed_f64_norm2_recompute_z(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const double inv_rms_at = inv_rms2[b*n + i];
     for (int64_t c = 0; c < dm; ++c) {
-        xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+        xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms_at;
     }
 }
 
@@ -3903,8 +3904,9 @@ __global__ void block_bwd_causal_composed_f64_norm2_dweight_partial(
                 total += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)];
             }
             const double t2 = total * -(inv_rms2[b*n + i] * inv_rms2[b*n + i] * inv_rms2[b*n + i]) / (double)dm;
+            const double inv_rms_at = inv_rms2[b*n + i];
             for (int64_t c = 0; c < dm; ++c) {
-                const double t = dxn2[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                const double t = dxn2[c + dm*(b*n + i)] * inv_rms_at;
                 dresid_norm2[c + dm*(b*n + i)] = t * norm2[c] + t2 * resid[c + dm*(b*n + i)];
                 norm2_dweight_part[c + dm*i_part] += t * resid[c + dm*(b*n + i)];
             }
@@ -5389,6 +5391,14 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
             attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = dov_2;
             attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = dov_3;
         }
+        const double lse_at = lse[4*i_tile + n*(b*heads + h)];
+        const double delta_at = attn_delta[4*i_tile + n*(b*heads + h)];
+        const double lse_at2 = lse[4*i_tile + n*(b*heads + h) + 1];
+        const double delta_at2 = attn_delta[4*i_tile + n*(b*heads + h) + 1];
+        const double lse_at3 = lse[4*i_tile + n*(b*heads + h) + 2];
+        const double delta_at3 = attn_delta[4*i_tile + n*(b*heads + h) + 2];
+        const double lse_at4 = lse[4*i_tile + n*(b*heads + h) + 3];
+        const double delta_at4 = attn_delta[4*i_tile + n*(b*heads + h) + 3];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             double qk_0 = attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
             double qk_1 = attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
@@ -5398,10 +5408,10 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ(
             double dov_1 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
             double dov_2 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
             double dov_3 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-            const double t_0b = scale * exp((4*i_tile >= j ? scale * qk_0 : -INFINITY) - lse[4*i_tile + n*(b*heads + h)]) * (dov_0 - attn_delta[4*i_tile + n*(b*heads + h)]);
-            const double t_1b = scale * exp((4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY) - lse[4*i_tile + n*(b*heads + h) + 1]) * (dov_1 - attn_delta[4*i_tile + n*(b*heads + h) + 1]);
-            const double t_2b = scale * exp((4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY) - lse[4*i_tile + n*(b*heads + h) + 2]) * (dov_2 - attn_delta[4*i_tile + n*(b*heads + h) + 2]);
-            const double t_3b = scale * exp((4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY) - lse[4*i_tile + n*(b*heads + h) + 3]) * (dov_3 - attn_delta[4*i_tile + n*(b*heads + h) + 3]);
+            const double t_0b = scale * exp((4*i_tile >= j ? scale * qk_0 : -INFINITY) - lse_at) * (dov_0 - delta_at);
+            const double t_1b = scale * exp((4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
+            const double t_2b = scale * exp((4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
+            const double t_3b = scale * exp((4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
             attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t_0b;
             attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t_1b;
             attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t_2b;
@@ -5566,10 +5576,12 @@ __global__ void block_bwd_causal_composed_f64_attn_dQ_edge(
             attn_qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = qk;
             attn_dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = dov;
         }
+        const double lse_at5 = lse[i + n*(b*heads + h)];
+        const double delta_at5 = attn_delta[i + n*(b*heads + h)];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             double qk = attn_qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
             double dov = attn_dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
-            const double t = scale * exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
+            const double t = scale * exp((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
             attn_t_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = t;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
@@ -6005,7 +6017,7 @@ __global__ void block_bwd_causal_composed_f64_attn_keys_edge(
     }
 }
 
-/* norm1_recompute.z: reads norm1, x, inv_rms1; scratch xn1
+/* norm1_recompute.z: reads inv_rms1, norm1, x; scratch xn1
  * for b, i (parallel) / c (simd)
  */
 __global__ void block_bwd_causal_composed_f64_norm1_recompute_z(
@@ -6101,8 +6113,9 @@ __global__ void block_bwd_causal_composed_f64_norm1_recompute_z(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const double inv_rms_at = inv_rms1[b*n + i];
     for (int64_t c = 0; c < dm; ++c) {
-        xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+        xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms_at;
     }
 }
 
@@ -8608,8 +8621,9 @@ __global__ void block_bwd_causal_composed_f64_norm1_dweight_partial(
                 total += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)];
             }
             const double t2 = total * -(inv_rms1[b*n + i] * inv_rms1[b*n + i] * inv_rms1[b*n + i]) / (double)dm;
+            const double inv_rms_at = inv_rms1[b*n + i];
             for (int64_t c = 0; c < dm; ++c) {
-                const double t = dxn1[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                const double t = dxn1[c + dm*(b*n + i)] * inv_rms_at;
                 dx_norm1[c + dm*(b*n + i)] = t * norm1[c] + t2 * x[c + dm*(b*n + i)];
                 norm1_dweight_part[c + dm*i_part] += t * x[c + dm*(b*n + i)];
             }
@@ -9482,7 +9496,7 @@ extern "C" int block_bwd_causal_composed_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* norm2_recompute.z: reads norm2, resid, inv_rms2; scratch xn2
+/* norm2_recompute.z: reads inv_rms2, norm2, resid; scratch xn2
  * for b, i (parallel) / c (simd)
  */
 __global__ void block_bwd_causal_composed_f32_norm2_recompute_z(
@@ -9578,8 +9592,9 @@ __global__ void block_bwd_causal_composed_f32_norm2_recompute_z(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const float inv_rms_at = inv_rms2[b*n + i];
     for (int64_t c = 0; c < dm; ++c) {
-        xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+        xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms_at;
     }
 }
 
@@ -13290,8 +13305,9 @@ __global__ void block_bwd_causal_composed_f32_norm2_dweight_partial(
                 total += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)];
             }
             const float t2 = total * -(inv_rms2[b*n + i] * inv_rms2[b*n + i] * inv_rms2[b*n + i]) / (float)dm;
+            const float inv_rms_at = inv_rms2[b*n + i];
             for (int64_t c = 0; c < dm; ++c) {
-                const float t = dxn2[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                const float t = dxn2[c + dm*(b*n + i)] * inv_rms_at;
                 dresid_norm2[c + dm*(b*n + i)] = t * norm2[c] + t2 * resid[c + dm*(b*n + i)];
                 norm2_dweight_part[c + dm*i_part] += t * resid[c + dm*(b*n + i)];
             }
@@ -14776,6 +14792,14 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
             attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = dov_2;
             attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = dov_3;
         }
+        const float lse_at = lse[4*i_tile + n*(b*heads + h)];
+        const float delta_at = attn_delta[4*i_tile + n*(b*heads + h)];
+        const float lse_at2 = lse[4*i_tile + n*(b*heads + h) + 1];
+        const float delta_at2 = attn_delta[4*i_tile + n*(b*heads + h) + 1];
+        const float lse_at3 = lse[4*i_tile + n*(b*heads + h) + 2];
+        const float delta_at3 = attn_delta[4*i_tile + n*(b*heads + h) + 2];
+        const float lse_at4 = lse[4*i_tile + n*(b*heads + h) + 3];
+        const float delta_at4 = attn_delta[4*i_tile + n*(b*heads + h) + 3];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             float qk_0 = attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
             float qk_1 = attn_qk_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
@@ -14785,10 +14809,10 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ(
             float dov_1 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
             float dov_2 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
             float dov_3 = attn_dov_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
-            const float t_0b = scale * expf((4*i_tile >= j ? scale * qk_0 : -INFINITY) - lse[4*i_tile + n*(b*heads + h)]) * (dov_0 - attn_delta[4*i_tile + n*(b*heads + h)]);
-            const float t_1b = scale * expf((4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY) - lse[4*i_tile + n*(b*heads + h) + 1]) * (dov_1 - attn_delta[4*i_tile + n*(b*heads + h) + 1]);
-            const float t_2b = scale * expf((4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY) - lse[4*i_tile + n*(b*heads + h) + 2]) * (dov_2 - attn_delta[4*i_tile + n*(b*heads + h) + 2]);
-            const float t_3b = scale * expf((4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY) - lse[4*i_tile + n*(b*heads + h) + 3]) * (dov_3 - attn_delta[4*i_tile + n*(b*heads + h) + 3]);
+            const float t_0b = scale * expf((4*i_tile >= j ? scale * qk_0 : -INFINITY) - lse_at) * (dov_0 - delta_at);
+            const float t_1b = scale * expf((4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY) - lse_at2) * (dov_1 - delta_at2);
+            const float t_2b = scale * expf((4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY) - lse_at3) * (dov_2 - delta_at3);
+            const float t_3b = scale * expf((4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY) - lse_at4) * (dov_3 - delta_at4);
             attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = t_0b;
             attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = t_1b;
             attn_t_block[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = t_2b;
@@ -14953,10 +14977,12 @@ __global__ void block_bwd_causal_composed_f32_attn_dQ_edge(
             attn_qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = qk;
             attn_dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = dov;
         }
+        const float lse_at5 = lse[i + n*(b*heads + h)];
+        const float delta_at5 = attn_delta[i + n*(b*heads + h)];
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             float qk = attn_qk_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
             float dov = attn_dov_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
-            const float t = scale * expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
+            const float t = scale * expf((i >= j ? scale * qk : -INFINITY) - lse_at5) * (dov - delta_at5);
             attn_t_block[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = t;
         }
         for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
@@ -15392,7 +15418,7 @@ __global__ void block_bwd_causal_composed_f32_attn_keys_edge(
     }
 }
 
-/* norm1_recompute.z: reads norm1, x, inv_rms1; scratch xn1
+/* norm1_recompute.z: reads inv_rms1, norm1, x; scratch xn1
  * for b, i (parallel) / c (simd)
  */
 __global__ void block_bwd_causal_composed_f32_norm1_recompute_z(
@@ -15488,8 +15514,9 @@ __global__ void block_bwd_causal_composed_f32_norm1_recompute_z(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const float inv_rms_at = inv_rms1[b*n + i];
     for (int64_t c = 0; c < dm; ++c) {
-        xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+        xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms_at;
     }
 }
 
@@ -17995,8 +18022,9 @@ __global__ void block_bwd_causal_composed_f32_norm1_dweight_partial(
                 total += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)];
             }
             const float t2 = total * -(inv_rms1[b*n + i] * inv_rms1[b*n + i] * inv_rms1[b*n + i]) / (float)dm;
+            const float inv_rms_at = inv_rms1[b*n + i];
             for (int64_t c = 0; c < dm; ++c) {
-                const float t = dxn1[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                const float t = dxn1[c + dm*(b*n + i)] * inv_rms_at;
                 dx_norm1[c + dm*(b*n + i)] = t * norm1[c] + t2 * x[c + dm*(b*n + i)];
                 norm1_dweight_part[c + dm*i_part] += t * x[c + dm*(b*n + i)];
             }

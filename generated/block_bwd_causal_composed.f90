@@ -201,44 +201,44 @@ contains
         & dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, dK_row5, dV_row0, &
         & dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, qkv_dQ_panel_row, &
         & qkv_dK_panel_row, qkv_dV_panel_row
-    real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
-        & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
-        & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
-        & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
-        & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
-        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfwd, xu, t, acc, over_b, total, t2, dweight_sum, &
-        & dywo, ody, rowdot, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, &
-        & qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_1_0, qk_1_1, &
-        & qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_1_8, qk_1_9, qk_1_10, qk_1_11, &
-        & qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, &
-        & qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, qk_2_12, qk_2_13, qk_2_14, qk_2_15, &
-        & qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_3_8, qk_3_9, &
-        & qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, qk_4_0, qk_4_1, qk_4_2, qk_4_3, &
-        & qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, &
-        & qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, &
-        & qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, qk_5_14, qk_5_15, qk_6_0, qk_6_1, &
-        & qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, qk_6_7, qk_6_8, qk_6_9, qk_6_10, qk_6_11, &
-        & qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_7_0, qk_7_1, qk_7_2, qk_7_3, qk_7_4, qk_7_5, &
-        & qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, qk_7_11, qk_7_12, qk_7_13, qk_7_14, qk_7_15, &
-        & dov_0_0, dov_0_1, dov_0_2, dov_0_3, dov_0_4, dov_0_5, dov_0_6, dov_0_7, dov_0_8, &
-        & dov_0_9, dov_0_10, dov_0_11, dov_0_12, dov_0_13, dov_0_14, dov_0_15, dov_1_0, dov_1_1, &
-        & dov_1_2, dov_1_3, dov_1_4, dov_1_5, dov_1_6, dov_1_7, dov_1_8, dov_1_9, dov_1_10, &
-        & dov_1_11, dov_1_12, dov_1_13, dov_1_14, dov_1_15, dov_2_0, dov_2_1, dov_2_2, dov_2_3, &
-        & dov_2_4, dov_2_5, dov_2_6, dov_2_7, dov_2_8, dov_2_9, dov_2_10, dov_2_11, dov_2_12, &
-        & dov_2_13, dov_2_14, dov_2_15, dov_3_0, dov_3_1, dov_3_2, dov_3_3, dov_3_4, dov_3_5, &
-        & dov_3_6, dov_3_7, dov_3_8, dov_3_9, dov_3_10, dov_3_11, dov_3_12, dov_3_13, dov_3_14, &
-        & dov_3_15, dov_4_0, dov_4_1, dov_4_2, dov_4_3, dov_4_4, dov_4_5, dov_4_6, dov_4_7, &
-        & dov_4_8, dov_4_9, dov_4_10, dov_4_11, dov_4_12, dov_4_13, dov_4_14, dov_4_15, dov_5_0, &
-        & dov_5_1, dov_5_2, dov_5_3, dov_5_4, dov_5_5, dov_5_6, dov_5_7, dov_5_8, dov_5_9, &
-        & dov_5_10, dov_5_11, dov_5_12, dov_5_13, dov_5_14, dov_5_15, dov_6_0, dov_6_1, dov_6_2, &
-        & dov_6_3, dov_6_4, dov_6_5, dov_6_6, dov_6_7, dov_6_8, dov_6_9, dov_6_10, dov_6_11, &
-        & dov_6_12, dov_6_13, dov_6_14, dov_6_15, dov_7_0, dov_7_1, dov_7_2, dov_7_3, dov_7_4, &
-        & dov_7_5, dov_7_6, dov_7_7, dov_7_8, dov_7_9, dov_7_10, dov_7_11, dov_7_12, dov_7_13, &
-        & dov_7_14, dov_7_15, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, dov_0, dov_1, &
-        & dov_2, dov_3, dov_4, dov_5, dov_6, dov_7, t2_0b, t2_1b, t2_2, t2_3, t2_4, t2_5, t2_6, &
-        & t2_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, t_7, t_0_0, t_0_1, t_0_2, t_0_3, t_0_4, &
-        & t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, t_1_7, dk_0, &
-        & dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, dk_7, dk_8, dk_9, dk_10, dk_11, dk_12, dk_13, &
+    real(c_double) :: inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+        & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
+        & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+        & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+        & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+        & acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfwd, xu, t, acc, over_b, total, t2, &
+        & dweight_sum, dywo, ody, rowdot, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, &
+        & qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_1_0, &
+        & qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_1_8, qk_1_9, qk_1_10, &
+        & qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, &
+        & qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, qk_2_12, qk_2_13, qk_2_14, &
+        & qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_3_8, &
+        & qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, qk_4_0, qk_4_1, qk_4_2, &
+        & qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, qk_4_10, qk_4_11, qk_4_12, &
+        & qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, qk_5_5, qk_5_6, &
+        & qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, qk_5_14, qk_5_15, qk_6_0, &
+        & qk_6_1, qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, qk_6_7, qk_6_8, qk_6_9, qk_6_10, &
+        & qk_6_11, qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_7_0, qk_7_1, qk_7_2, qk_7_3, qk_7_4, &
+        & qk_7_5, qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, qk_7_11, qk_7_12, qk_7_13, qk_7_14, &
+        & qk_7_15, dov_0_0, dov_0_1, dov_0_2, dov_0_3, dov_0_4, dov_0_5, dov_0_6, dov_0_7, &
+        & dov_0_8, dov_0_9, dov_0_10, dov_0_11, dov_0_12, dov_0_13, dov_0_14, dov_0_15, dov_1_0, &
+        & dov_1_1, dov_1_2, dov_1_3, dov_1_4, dov_1_5, dov_1_6, dov_1_7, dov_1_8, dov_1_9, &
+        & dov_1_10, dov_1_11, dov_1_12, dov_1_13, dov_1_14, dov_1_15, dov_2_0, dov_2_1, dov_2_2, &
+        & dov_2_3, dov_2_4, dov_2_5, dov_2_6, dov_2_7, dov_2_8, dov_2_9, dov_2_10, dov_2_11, &
+        & dov_2_12, dov_2_13, dov_2_14, dov_2_15, dov_3_0, dov_3_1, dov_3_2, dov_3_3, dov_3_4, &
+        & dov_3_5, dov_3_6, dov_3_7, dov_3_8, dov_3_9, dov_3_10, dov_3_11, dov_3_12, dov_3_13, &
+        & dov_3_14, dov_3_15, dov_4_0, dov_4_1, dov_4_2, dov_4_3, dov_4_4, dov_4_5, dov_4_6, &
+        & dov_4_7, dov_4_8, dov_4_9, dov_4_10, dov_4_11, dov_4_12, dov_4_13, dov_4_14, dov_4_15, &
+        & dov_5_0, dov_5_1, dov_5_2, dov_5_3, dov_5_4, dov_5_5, dov_5_6, dov_5_7, dov_5_8, &
+        & dov_5_9, dov_5_10, dov_5_11, dov_5_12, dov_5_13, dov_5_14, dov_5_15, dov_6_0, dov_6_1, &
+        & dov_6_2, dov_6_3, dov_6_4, dov_6_5, dov_6_6, dov_6_7, dov_6_8, dov_6_9, dov_6_10, &
+        & dov_6_11, dov_6_12, dov_6_13, dov_6_14, dov_6_15, dov_7_0, dov_7_1, dov_7_2, dov_7_3, &
+        & dov_7_4, dov_7_5, dov_7_6, dov_7_7, dov_7_8, dov_7_9, dov_7_10, dov_7_11, dov_7_12, &
+        & dov_7_13, dov_7_14, dov_7_15, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, dov_0, &
+        & dov_1, dov_2, dov_3, dov_4, dov_5, dov_6, dov_7, t2_0b, t2_1b, t2_2, t2_3, t2_4, t2_5, &
+        & t2_6, t2_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, t_7, t_0_0, t_0_1, t_0_2, t_0_3, &
+        & t_0_4, t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, t_1_4, t_1_5, t_1_6, t_1_7, &
+        & dk_0, dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, dk_7, dk_8, dk_9, dk_10, dk_11, dk_12, dk_13, &
         & dk_14, dk_15, dk_0b, dk_1b, dk_2b, dk_3b, dk_4b, dk_5b, dk_6b, dk_7b, dk_8b, dk_9b, &
         & dk_10b, dk_11b, dk_12b, dk_13b, dk_14b, dk_15b, dk_0c, dk_1c, dk_2c, dk_3c, dk_4c, &
         & dk_5c, dk_6c, dk_7c, dk_8c, dk_9c, dk_10c, dk_11c, dk_12c, dk_13c, dk_14c, dk_15c, &
@@ -267,14 +267,15 @@ contains
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
 
-    ! norm2_recompute.z: reads norm2, resid, inv_rms2; scratch xn2
+    ! norm2_recompute.z: reads inv_rms2, norm2, resid; scratch xn2
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c)
+    !$omp parallel do collapse(2) schedule(static) private(c, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
+        inv_rms_at = inv_rms2(b*n + i)
         !$omp simd
         do c = 0, dm - 1
-          xn2(c + dm*(b*n + i)) = norm2(c) * resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+          xn2(c + dm*(b*n + i)) = norm2(c) * resid(c + dm*(b*n + i)) * inv_rms_at
         end do
       end do
     end do
@@ -1771,7 +1772,7 @@ contains
     !$omp end parallel do
     ! norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm2, dxn2
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, inv_rms_at, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -1786,9 +1787,10 @@ contains
           end do
           t2 = total * -(inv_rms2(b*n + i) * inv_rms2(b*n + i) * inv_rms2(b*n + i)) / real(dm, &
               & c_double)
+          inv_rms_at = inv_rms2(b*n + i)
           !$omp simd
           do c = 0, dm - 1
-            t = dxn2(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+            t = dxn2(c + dm*(b*n + i)) * inv_rms_at
             dresid_norm2(c + dm*(b*n + i)) = t * norm2(c) + t2 * resid(c + dm*(b*n + i))
             norm2_dweight_part(c + dm*i_part) = norm2_dweight_part(c + dm*i_part) + t * resid(c + &
                 & dm*(b*n + i))
@@ -6469,14 +6471,15 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm1_recompute.z: reads norm1, x, inv_rms1; scratch xn1
+    ! norm1_recompute.z: reads inv_rms1, norm1, x; scratch xn1
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c)
+    !$omp parallel do collapse(2) schedule(static) private(c, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
+        inv_rms_at = inv_rms1(b*n + i)
         !$omp simd
         do c = 0, dm - 1
-          xn1(c + dm*(b*n + i)) = norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+          xn1(c + dm*(b*n + i)) = norm1(c) * x(c + dm*(b*n + i)) * inv_rms_at
         end do
       end do
     end do
@@ -7632,7 +7635,7 @@ contains
     !$omp end parallel do
     ! norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm1, dxn1
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, inv_rms_at, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -7647,9 +7650,10 @@ contains
           end do
           t2 = total * -(inv_rms1(b*n + i) * inv_rms1(b*n + i) * inv_rms1(b*n + i)) / real(dm, &
               & c_double)
+          inv_rms_at = inv_rms1(b*n + i)
           !$omp simd
           do c = 0, dm - 1
-            t = dxn1(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            t = dxn1(c + dm*(b*n + i)) * inv_rms_at
             dx_norm1(c + dm*(b*n + i)) = t * norm1(c) + t2 * x(c + dm*(b*n + i))
             norm1_dweight_part(c + dm*i_part) = norm1_dweight_part(c + dm*i_part) + t * x(c + &
                 & dm*(b*n + i))
@@ -7791,85 +7795,86 @@ contains
         & dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, dK_row5, dV_row0, &
         & dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, qkv_dQ_panel_row, &
         & qkv_dK_panel_row, qkv_dV_panel_row
-    real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
-        & acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, &
-        & acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, &
-        & acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, acc_2_2, &
-        & acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, acc_2_11, &
-        & acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-        & acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, acc_3_13, &
-        & acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
-        & acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, acc_4_15, &
-        & acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, acc_5_8, &
-        & acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15, dfwd, xu, t, acc, &
-        & over_b, total, t2, dweight_sum, dywo, ody, rowdot, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
-        & qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, &
-        & qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, &
-        & qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, &
-        & qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, &
-        & qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, &
-        & qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, &
-        & qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, &
-        & qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, &
-        & qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, &
-        & qk_5_14, qk_5_15, qk_6_0, qk_6_1, qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, qk_6_7, &
-        & qk_6_8, qk_6_9, qk_6_10, qk_6_11, qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_7_0, qk_7_1, &
-        & qk_7_2, qk_7_3, qk_7_4, qk_7_5, qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, qk_7_11, &
-        & qk_7_12, qk_7_13, qk_7_14, qk_7_15, dov_0_0, dov_0_1, dov_0_2, dov_0_3, dov_0_4, &
-        & dov_0_5, dov_0_6, dov_0_7, dov_0_8, dov_0_9, dov_0_10, dov_0_11, dov_0_12, dov_0_13, &
-        & dov_0_14, dov_0_15, dov_1_0, dov_1_1, dov_1_2, dov_1_3, dov_1_4, dov_1_5, dov_1_6, &
-        & dov_1_7, dov_1_8, dov_1_9, dov_1_10, dov_1_11, dov_1_12, dov_1_13, dov_1_14, dov_1_15, &
-        & dov_2_0, dov_2_1, dov_2_2, dov_2_3, dov_2_4, dov_2_5, dov_2_6, dov_2_7, dov_2_8, &
-        & dov_2_9, dov_2_10, dov_2_11, dov_2_12, dov_2_13, dov_2_14, dov_2_15, dov_3_0, dov_3_1, &
-        & dov_3_2, dov_3_3, dov_3_4, dov_3_5, dov_3_6, dov_3_7, dov_3_8, dov_3_9, dov_3_10, &
-        & dov_3_11, dov_3_12, dov_3_13, dov_3_14, dov_3_15, dov_4_0, dov_4_1, dov_4_2, dov_4_3, &
-        & dov_4_4, dov_4_5, dov_4_6, dov_4_7, dov_4_8, dov_4_9, dov_4_10, dov_4_11, dov_4_12, &
-        & dov_4_13, dov_4_14, dov_4_15, dov_5_0, dov_5_1, dov_5_2, dov_5_3, dov_5_4, dov_5_5, &
-        & dov_5_6, dov_5_7, dov_5_8, dov_5_9, dov_5_10, dov_5_11, dov_5_12, dov_5_13, dov_5_14, &
-        & dov_5_15, dov_6_0, dov_6_1, dov_6_2, dov_6_3, dov_6_4, dov_6_5, dov_6_6, dov_6_7, &
-        & dov_6_8, dov_6_9, dov_6_10, dov_6_11, dov_6_12, dov_6_13, dov_6_14, dov_6_15, dov_7_0, &
-        & dov_7_1, dov_7_2, dov_7_3, dov_7_4, dov_7_5, dov_7_6, dov_7_7, dov_7_8, dov_7_9, &
-        & dov_7_10, dov_7_11, dov_7_12, dov_7_13, dov_7_14, dov_7_15, qk_0, qk_1, qk_2, qk_3, &
-        & qk_4, qk_5, qk_6, qk_7, dov_0, dov_1, dov_2, dov_3, dov_4, dov_5, dov_6, dov_7, t2_0b, &
-        & t2_1b, t2_2, t2_3, t2_4, t2_5, t2_6, t2_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, t_7, &
-        & t_0_0, t_0_1, t_0_2, t_0_3, t_0_4, t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, t_1_3, &
-        & t_1_4, t_1_5, t_1_6, t_1_7, dk_0, dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, dk_7, dk_8, dk_9, &
-        & dk_10, dk_11, dk_12, dk_13, dk_14, dk_15, dk_0b, dk_1b, dk_2b, dk_3b, dk_4b, dk_5b, &
-        & dk_6b, dk_7b, dk_8b, dk_9b, dk_10b, dk_11b, dk_12b, dk_13b, dk_14b, dk_15b, dk_0c, &
-        & dk_1c, dk_2c, dk_3c, dk_4c, dk_5c, dk_6c, dk_7c, dk_8c, dk_9c, dk_10c, dk_11c, dk_12c, &
-        & dk_13c, dk_14c, dk_15c, dk_0d, dk_1d, dk_2d, dk_3d, dk_4d, dk_5d, dk_6d, dk_7d, dk_8d, &
-        & dk_9d, dk_10d, dk_11d, dk_12d, dk_13d, dk_14d, dk_15d, dk_0e, dk_1e, dk_2e, dk_3e, &
-        & dk_4e, dk_5e, dk_6e, dk_7e, dk_8e, dk_9e, dk_10e, dk_11e, dk_12e, dk_13e, dk_14e, &
-        & dk_15e, dk_0f, dk_1f, dk_2f, dk_3f, dk_4f, dk_5f, dk_6f, dk_7f, dk_8f, dk_9f, dk_10f, &
-        & dk_11f, dk_12f, dk_13f, dk_14f, dk_15f, dk_0g, dk_1g, dk_2g, dk_3g, dk_4g, dk_5g, &
-        & dk_6g, dk_7g, dk_8g, dk_9g, dk_10g, dk_11g, dk_12g, dk_13g, dk_14g, dk_15g, dk_0h, &
-        & dk_1h, dk_2h, dk_3h, dk_4h, dk_5h, dk_6h, dk_7h, dk_8h, dk_9h, dk_10h, dk_11h, dk_12h, &
-        & dk_13h, dk_14h, dk_15h, dv_0, dv_1, dv_2, dv_3, dv_4, dv_5, dv_6, dv_7, dv_8, dv_9, &
-        & dv_10, dv_11, dv_12, dv_13, dv_14, dv_15, dv_0b, dv_1b, dv_2b, dv_3b, dv_4b, dv_5b, &
-        & dv_6b, dv_7b, dv_8b, dv_9b, dv_10b, dv_11b, dv_12b, dv_13b, dv_14b, dv_15b, dv_0c, &
-        & dv_1c, dv_2c, dv_3c, dv_4c, dv_5c, dv_6c, dv_7c, dv_8c, dv_9c, dv_10c, dv_11c, dv_12c, &
-        & dv_13c, dv_14c, dv_15c, dv_0d, dv_1d, dv_2d, dv_3d, dv_4d, dv_5d, dv_6d, dv_7d, dv_8d, &
-        & dv_9d, dv_10d, dv_11d, dv_12d, dv_13d, dv_14d, dv_15d, dv_0e, dv_1e, dv_2e, dv_3e, &
-        & dv_4e, dv_5e, dv_6e, dv_7e, dv_8e, dv_9e, dv_10e, dv_11e, dv_12e, dv_13e, dv_14e, &
-        & dv_15e, dv_0f, dv_1f, dv_2f, dv_3f, dv_4f, dv_5f, dv_6f, dv_7f, dv_8f, dv_9f, dv_10f, &
-        & dv_11f, dv_12f, dv_13f, dv_14f, dv_15f, dv_0g, dv_1g, dv_2g, dv_3g, dv_4g, dv_5g, &
-        & dv_6g, dv_7g, dv_8g, dv_9g, dv_10g, dv_11g, dv_12g, dv_13g, dv_14g, dv_15g, dv_0h, &
-        & dv_1h, dv_2h, dv_3h, dv_4h, dv_5h, dv_6h, dv_7h, dv_8h, dv_9h, dv_10h, dv_11h, dv_12h, &
-        & dv_13h, dv_14h, dv_15h, t2_0_0, t2_0_1, t2_0_2, t2_0_3, t2_0_4, t2_0_5, t2_0_6, t2_0_7, &
-        & t2_1_0, t2_1_1, t2_1_2, t2_1_3, t2_1_4, t2_1_5, t2_1_6, t2_1_7, qk, dov, t2_0, t2_1, &
-        & t_0, t_1, dQ_sum, over_h, dqwq, xdq, xdk, xdv
+    real(c_float) :: inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
+        & acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, &
+        & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, &
+        & acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, acc_2_0, acc_2_1, &
+        & acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, acc_2_9, acc_2_10, &
+        & acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, acc_3_2, acc_3_3, &
+        & acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, acc_3_11, acc_3_12, &
+        & acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+        & acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, &
+        & acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, &
+        & acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15, dfwd, xu, &
+        & t, acc, over_b, total, t2, dweight_sum, dywo, ody, rowdot, qk_0_0, qk_0_1, qk_0_2, &
+        & qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, &
+        & qk_0_13, qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, &
+        & qk_1_7, qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, &
+        & qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, &
+        & qk_2_11, qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, &
+        & qk_3_5, qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, &
+        & qk_3_15, qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, &
+        & qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, &
+        & qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, &
+        & qk_5_13, qk_5_14, qk_5_15, qk_6_0, qk_6_1, qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, &
+        & qk_6_7, qk_6_8, qk_6_9, qk_6_10, qk_6_11, qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_7_0, &
+        & qk_7_1, qk_7_2, qk_7_3, qk_7_4, qk_7_5, qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, &
+        & qk_7_11, qk_7_12, qk_7_13, qk_7_14, qk_7_15, dov_0_0, dov_0_1, dov_0_2, dov_0_3, &
+        & dov_0_4, dov_0_5, dov_0_6, dov_0_7, dov_0_8, dov_0_9, dov_0_10, dov_0_11, dov_0_12, &
+        & dov_0_13, dov_0_14, dov_0_15, dov_1_0, dov_1_1, dov_1_2, dov_1_3, dov_1_4, dov_1_5, &
+        & dov_1_6, dov_1_7, dov_1_8, dov_1_9, dov_1_10, dov_1_11, dov_1_12, dov_1_13, dov_1_14, &
+        & dov_1_15, dov_2_0, dov_2_1, dov_2_2, dov_2_3, dov_2_4, dov_2_5, dov_2_6, dov_2_7, &
+        & dov_2_8, dov_2_9, dov_2_10, dov_2_11, dov_2_12, dov_2_13, dov_2_14, dov_2_15, dov_3_0, &
+        & dov_3_1, dov_3_2, dov_3_3, dov_3_4, dov_3_5, dov_3_6, dov_3_7, dov_3_8, dov_3_9, &
+        & dov_3_10, dov_3_11, dov_3_12, dov_3_13, dov_3_14, dov_3_15, dov_4_0, dov_4_1, dov_4_2, &
+        & dov_4_3, dov_4_4, dov_4_5, dov_4_6, dov_4_7, dov_4_8, dov_4_9, dov_4_10, dov_4_11, &
+        & dov_4_12, dov_4_13, dov_4_14, dov_4_15, dov_5_0, dov_5_1, dov_5_2, dov_5_3, dov_5_4, &
+        & dov_5_5, dov_5_6, dov_5_7, dov_5_8, dov_5_9, dov_5_10, dov_5_11, dov_5_12, dov_5_13, &
+        & dov_5_14, dov_5_15, dov_6_0, dov_6_1, dov_6_2, dov_6_3, dov_6_4, dov_6_5, dov_6_6, &
+        & dov_6_7, dov_6_8, dov_6_9, dov_6_10, dov_6_11, dov_6_12, dov_6_13, dov_6_14, dov_6_15, &
+        & dov_7_0, dov_7_1, dov_7_2, dov_7_3, dov_7_4, dov_7_5, dov_7_6, dov_7_7, dov_7_8, &
+        & dov_7_9, dov_7_10, dov_7_11, dov_7_12, dov_7_13, dov_7_14, dov_7_15, qk_0, qk_1, qk_2, &
+        & qk_3, qk_4, qk_5, qk_6, qk_7, dov_0, dov_1, dov_2, dov_3, dov_4, dov_5, dov_6, dov_7, &
+        & t2_0b, t2_1b, t2_2, t2_3, t2_4, t2_5, t2_6, t2_7, t_0b, t_1b, t_2, t_3, t_4, t_5, t_6, &
+        & t_7, t_0_0, t_0_1, t_0_2, t_0_3, t_0_4, t_0_5, t_0_6, t_0_7, t_1_0, t_1_1, t_1_2, &
+        & t_1_3, t_1_4, t_1_5, t_1_6, t_1_7, dk_0, dk_1, dk_2, dk_3, dk_4, dk_5, dk_6, dk_7, &
+        & dk_8, dk_9, dk_10, dk_11, dk_12, dk_13, dk_14, dk_15, dk_0b, dk_1b, dk_2b, dk_3b, &
+        & dk_4b, dk_5b, dk_6b, dk_7b, dk_8b, dk_9b, dk_10b, dk_11b, dk_12b, dk_13b, dk_14b, &
+        & dk_15b, dk_0c, dk_1c, dk_2c, dk_3c, dk_4c, dk_5c, dk_6c, dk_7c, dk_8c, dk_9c, dk_10c, &
+        & dk_11c, dk_12c, dk_13c, dk_14c, dk_15c, dk_0d, dk_1d, dk_2d, dk_3d, dk_4d, dk_5d, &
+        & dk_6d, dk_7d, dk_8d, dk_9d, dk_10d, dk_11d, dk_12d, dk_13d, dk_14d, dk_15d, dk_0e, &
+        & dk_1e, dk_2e, dk_3e, dk_4e, dk_5e, dk_6e, dk_7e, dk_8e, dk_9e, dk_10e, dk_11e, dk_12e, &
+        & dk_13e, dk_14e, dk_15e, dk_0f, dk_1f, dk_2f, dk_3f, dk_4f, dk_5f, dk_6f, dk_7f, dk_8f, &
+        & dk_9f, dk_10f, dk_11f, dk_12f, dk_13f, dk_14f, dk_15f, dk_0g, dk_1g, dk_2g, dk_3g, &
+        & dk_4g, dk_5g, dk_6g, dk_7g, dk_8g, dk_9g, dk_10g, dk_11g, dk_12g, dk_13g, dk_14g, &
+        & dk_15g, dk_0h, dk_1h, dk_2h, dk_3h, dk_4h, dk_5h, dk_6h, dk_7h, dk_8h, dk_9h, dk_10h, &
+        & dk_11h, dk_12h, dk_13h, dk_14h, dk_15h, dv_0, dv_1, dv_2, dv_3, dv_4, dv_5, dv_6, dv_7, &
+        & dv_8, dv_9, dv_10, dv_11, dv_12, dv_13, dv_14, dv_15, dv_0b, dv_1b, dv_2b, dv_3b, &
+        & dv_4b, dv_5b, dv_6b, dv_7b, dv_8b, dv_9b, dv_10b, dv_11b, dv_12b, dv_13b, dv_14b, &
+        & dv_15b, dv_0c, dv_1c, dv_2c, dv_3c, dv_4c, dv_5c, dv_6c, dv_7c, dv_8c, dv_9c, dv_10c, &
+        & dv_11c, dv_12c, dv_13c, dv_14c, dv_15c, dv_0d, dv_1d, dv_2d, dv_3d, dv_4d, dv_5d, &
+        & dv_6d, dv_7d, dv_8d, dv_9d, dv_10d, dv_11d, dv_12d, dv_13d, dv_14d, dv_15d, dv_0e, &
+        & dv_1e, dv_2e, dv_3e, dv_4e, dv_5e, dv_6e, dv_7e, dv_8e, dv_9e, dv_10e, dv_11e, dv_12e, &
+        & dv_13e, dv_14e, dv_15e, dv_0f, dv_1f, dv_2f, dv_3f, dv_4f, dv_5f, dv_6f, dv_7f, dv_8f, &
+        & dv_9f, dv_10f, dv_11f, dv_12f, dv_13f, dv_14f, dv_15f, dv_0g, dv_1g, dv_2g, dv_3g, &
+        & dv_4g, dv_5g, dv_6g, dv_7g, dv_8g, dv_9g, dv_10g, dv_11g, dv_12g, dv_13g, dv_14g, &
+        & dv_15g, dv_0h, dv_1h, dv_2h, dv_3h, dv_4h, dv_5h, dv_6h, dv_7h, dv_8h, dv_9h, dv_10h, &
+        & dv_11h, dv_12h, dv_13h, dv_14h, dv_15h, t2_0_0, t2_0_1, t2_0_2, t2_0_3, t2_0_4, t2_0_5, &
+        & t2_0_6, t2_0_7, t2_1_0, t2_1_1, t2_1_2, t2_1_3, t2_1_4, t2_1_5, t2_1_6, t2_1_7, qk, &
+        & dov, t2_0, t2_1, t_0, t_1, dQ_sum, over_h, dqwq, xdq, xdk, xdv
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
 
-    ! norm2_recompute.z: reads norm2, resid, inv_rms2; scratch xn2
+    ! norm2_recompute.z: reads inv_rms2, norm2, resid; scratch xn2
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c)
+    !$omp parallel do collapse(2) schedule(static) private(c, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
+        inv_rms_at = inv_rms2(b*n + i)
         !$omp simd
         do c = 0, dm - 1
-          xn2(c + dm*(b*n + i)) = norm2(c) * resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+          xn2(c + dm*(b*n + i)) = norm2(c) * resid(c + dm*(b*n + i)) * inv_rms_at
         end do
       end do
     end do
@@ -10476,7 +10481,7 @@ contains
     !$omp end parallel do
     ! norm2.dweight.partial: reads norm2, resid, inv_rms2; scratch norm2_dweight_part, dresid_norm2, dxn2
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, inv_rms_at, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -10491,9 +10496,10 @@ contains
           end do
           t2 = total * -(inv_rms2(b*n + i) * inv_rms2(b*n + i) * inv_rms2(b*n + i)) / real(dm, &
               & c_float)
+          inv_rms_at = inv_rms2(b*n + i)
           !$omp simd
           do c = 0, dm - 1
-            t = dxn2(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+            t = dxn2(c + dm*(b*n + i)) * inv_rms_at
             dresid_norm2(c + dm*(b*n + i)) = t * norm2(c) + t2 * resid(c + dm*(b*n + i))
             norm2_dweight_part(c + dm*i_part) = norm2_dweight_part(c + dm*i_part) + t * resid(c + &
                 & dm*(b*n + i))
@@ -15174,14 +15180,15 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm1_recompute.z: reads norm1, x, inv_rms1; scratch xn1
+    ! norm1_recompute.z: reads inv_rms1, norm1, x; scratch xn1
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c)
+    !$omp parallel do collapse(2) schedule(static) private(c, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
+        inv_rms_at = inv_rms1(b*n + i)
         !$omp simd
         do c = 0, dm - 1
-          xn1(c + dm*(b*n + i)) = norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+          xn1(c + dm*(b*n + i)) = norm1(c) * x(c + dm*(b*n + i)) * inv_rms_at
         end do
       end do
     end do
@@ -16337,7 +16344,7 @@ contains
     !$omp end parallel do
     ! norm1.dweight.partial: reads norm1, x, inv_rms1; scratch norm1_dweight_part, dx_norm1, dxn1
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, inv_rms_at, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -16352,9 +16359,10 @@ contains
           end do
           t2 = total * -(inv_rms1(b*n + i) * inv_rms1(b*n + i) * inv_rms1(b*n + i)) / real(dm, &
               & c_float)
+          inv_rms_at = inv_rms1(b*n + i)
           !$omp simd
           do c = 0, dm - 1
-            t = dxn1(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            t = dxn1(c + dm*(b*n + i)) * inv_rms_at
             dx_norm1(c + dm*(b*n + i)) = t * norm1(c) + t2 * x(c + dm*(b*n + i))
             norm1_dweight_part(c + dm*i_part) = norm1_dweight_part(c + dm*i_part) + t * x(c + &
                 & dm*(b*n + i))

@@ -129,9 +129,10 @@ void block_fwd_composed_f64(
                 sum_sq += x[c + dm*(b*n + i)] * x[c + dm*(b*n + i)];
             }
             inv_rms1[b*n + i] = 1.0 / sqrt(sum_sq / (double)dm + eps);
+            const double inv_rms_at = inv_rms1[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
-                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms_at;
             }
         }
     }
@@ -2022,9 +2023,10 @@ void block_fwd_composed_f64(
                 sum_sq += resid[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)];
             }
             inv_rms2[b*n + i] = 1.0 / sqrt(sum_sq / (double)dm + eps);
+            const double inv_rms_at = inv_rms2[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
-                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms_at;
             }
         }
     }
@@ -2693,9 +2695,10 @@ void block_fwd_composed_f32(
                 sum_sq += x[c + dm*(b*n + i)] * x[c + dm*(b*n + i)];
             }
             inv_rms1[b*n + i] = 1.0f / sqrtf(sum_sq / (float)dm + eps);
+            const float inv_rms_at = inv_rms1[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
-                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms_at;
             }
         }
     }
@@ -5354,9 +5357,10 @@ void block_fwd_composed_f32(
                 sum_sq += resid[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)];
             }
             inv_rms2[b*n + i] = 1.0f / sqrtf(sum_sq / (float)dm + eps);
+            const float inv_rms_at = inv_rms2[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
-                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms_at;
             }
         }
     }

@@ -153,8 +153,9 @@ __global__ void block_fwd_composed_f64_norm1_rows(
         inv_rms1[b*n + i] = rsqrt(sum_sq / (double)dm + eps);
     }
     __syncthreads();
+    const double inv_rms_at = inv_rms1[b*n + i];
     for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
-        xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+        xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms_at;
     }
 }
 
@@ -2119,8 +2120,9 @@ __global__ void block_fwd_composed_f64_norm2_rows(
         inv_rms2[b*n + i] = rsqrt(sum_sq / (double)dm + eps);
     }
     __syncthreads();
+    const double inv_rms_at = inv_rms2[b*n + i];
     for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
-        xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+        xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms_at;
     }
 }
 
@@ -3587,8 +3589,9 @@ __global__ void block_fwd_composed_f32_norm1_rows(
         inv_rms1[b*n + i] = rsqrtf(sum_sq / (float)dm + eps);
     }
     __syncthreads();
+    const float inv_rms_at = inv_rms1[b*n + i];
     for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
-        xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+        xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms_at;
     }
 }
 
@@ -5553,8 +5556,9 @@ __global__ void block_fwd_composed_f32_norm2_rows(
         inv_rms2[b*n + i] = rsqrtf(sum_sq / (float)dm + eps);
     }
     __syncthreads();
+    const float inv_rms_at = inv_rms2[b*n + i];
     for (int64_t c = threadIdx.x; c < dm; c += blockDim.x) {
-        xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+        xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms_at;
     }
 }
 

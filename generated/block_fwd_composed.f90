@@ -112,50 +112,50 @@ contains
         & xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, &
         & mlp_H_row, mlp_Wd_panel_row, mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, &
         & mlp_H_row4, mlp_H_row5
-    real(c_double) :: sum_sq, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
-        & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
-        & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
-        & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
-        & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
-        & acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, row_max_0, row_max_1, row_max_2, &
-        & row_max_3, row_max_4, row_max_5, row_max_6, row_max_7, row_sum_0, row_sum_1, row_sum_2, &
-        & row_sum_3, row_sum_4, row_sum_5, row_sum_6, row_sum_7, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
-        & qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, &
-        & qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, &
-        & qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, &
-        & qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, &
-        & qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, &
-        & qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, &
-        & qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, &
-        & qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, &
-        & qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, &
-        & qk_5_14, qk_5_15, qk_6_0, qk_6_1, qk_6_2, qk_6_3, qk_6_4, qk_6_5, qk_6_6, qk_6_7, &
-        & qk_6_8, qk_6_9, qk_6_10, qk_6_11, qk_6_12, qk_6_13, qk_6_14, qk_6_15, qk_7_0, qk_7_1, &
-        & qk_7_2, qk_7_3, qk_7_4, qk_7_5, qk_7_6, qk_7_7, qk_7_8, qk_7_9, qk_7_10, qk_7_11, &
-        & qk_7_12, qk_7_13, qk_7_14, qk_7_15, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, &
-        & block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
-        & block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, &
-        & new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, rescale_4, &
-        & rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
-        & block_sum_4, block_sum_5, block_sum_6, block_sum_7, o_0, o_1, o_2, o_3, o_4, o_5, o_6, &
-        & o_7, o_8, o_9, o_10, o_11, o_12, o_13, o_14, o_15, o_0b, o_1b, o_2b, o_3b, o_4b, o_5b, &
-        & o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, o_12b, o_13b, o_14b, o_15b, o_0c, o_1c, o_2c, &
-        & o_3c, o_4c, o_5c, o_6c, o_7c, o_8c, o_9c, o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, &
-        & o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, &
-        & o_14d, o_15d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, o_11e, &
-        & o_12e, o_13e, o_14e, o_15e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, &
-        & o_10f, o_11f, o_12f, o_13f, o_14f, o_15f, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, &
-        & o_7g, o_8g, o_9g, o_10g, o_11g, o_12g, o_13g, o_14g, o_15g, o_0h, o_1h, o_2h, o_3h, &
-        & o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, o_10h, o_11h, o_12h, o_13h, o_14h, o_15h, t_0, t_1, &
-        & t_2, t_3, t_4, t_5, t_6, t_7, row_max, row_sum, qk, block_max, new_max, rescale, &
-        & block_sum, t, heads_sum, ow, xg, xu, hw
+    real(c_double) :: sum_sq, inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
+        & acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+        & acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
+        & acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
+        & acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
+        & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, row_max_0, row_max_1, &
+        & row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, row_max_7, row_sum_0, row_sum_1, &
+        & row_sum_2, row_sum_3, row_sum_4, row_sum_5, row_sum_6, row_sum_7, qk_0_0, qk_0_1, &
+        & qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, &
+        & qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, &
+        & qk_1_6, qk_1_7, qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, &
+        & qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, &
+        & qk_2_10, qk_2_11, qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, &
+        & qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, &
+        & qk_3_14, qk_3_15, qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, &
+        & qk_4_8, qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, &
+        & qk_5_2, qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, &
+        & qk_5_12, qk_5_13, qk_5_14, qk_5_15, qk_6_0, qk_6_1, qk_6_2, qk_6_3, qk_6_4, qk_6_5, &
+        & qk_6_6, qk_6_7, qk_6_8, qk_6_9, qk_6_10, qk_6_11, qk_6_12, qk_6_13, qk_6_14, qk_6_15, &
+        & qk_7_0, qk_7_1, qk_7_2, qk_7_3, qk_7_4, qk_7_5, qk_7_6, qk_7_7, qk_7_8, qk_7_9, &
+        & qk_7_10, qk_7_11, qk_7_12, qk_7_13, qk_7_14, qk_7_15, qk_0, qk_1, qk_2, qk_3, qk_4, &
+        & qk_5, qk_6, qk_7, block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, &
+        & block_max_5, block_max_6, block_max_7, new_max_0, new_max_1, new_max_2, new_max_3, &
+        & new_max_4, new_max_5, new_max_6, new_max_7, rescale_0, rescale_1, rescale_2, rescale_3, &
+        & rescale_4, rescale_5, rescale_6, rescale_7, block_sum_0, block_sum_1, block_sum_2, &
+        & block_sum_3, block_sum_4, block_sum_5, block_sum_6, block_sum_7, o_0, o_1, o_2, o_3, &
+        & o_4, o_5, o_6, o_7, o_8, o_9, o_10, o_11, o_12, o_13, o_14, o_15, o_0b, o_1b, o_2b, &
+        & o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, o_12b, o_13b, o_14b, o_15b, &
+        & o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_8c, o_9c, o_10c, o_11c, o_12c, o_13c, &
+        & o_14c, o_15c, o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, &
+        & o_12d, o_13d, o_14d, o_15d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, &
+        & o_10e, o_11e, o_12e, o_13e, o_14e, o_15e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, &
+        & o_7f, o_8f, o_9f, o_10f, o_11f, o_12f, o_13f, o_14f, o_15f, o_0g, o_1g, o_2g, o_3g, &
+        & o_4g, o_5g, o_6g, o_7g, o_8g, o_9g, o_10g, o_11g, o_12g, o_13g, o_14g, o_15g, o_0h, &
+        & o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, o_10h, o_11h, o_12h, o_13h, &
+        & o_14h, o_15h, t_0, t_1, t_2, t_3, t_4, t_5, t_6, t_7, row_max, row_sum, qk, block_max, &
+        & new_max, rescale, block_sum, t, heads_sum, ow, xg, xu, hw
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
 
     ! norm1.rows: writes inv_rms1; reads x, norm1; scratch xn1
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
+    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_double
@@ -164,9 +164,10 @@ contains
           sum_sq = sum_sq + x(c + dm*(b*n + i)) * x(c + dm*(b*n + i))
         end do
         inv_rms1(b*n + i) = 1.0_c_double / sqrt(sum_sq / real(dm, c_double) + eps)
+        inv_rms_at = inv_rms1(b*n + i)
         !$omp simd
         do c = 0, dm - 1
-          xn1(c + dm*(b*n + i)) = norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+          xn1(c + dm*(b*n + i)) = norm1(c) * x(c + dm*(b*n + i)) * inv_rms_at
         end do
       end do
     end do
@@ -2733,7 +2734,7 @@ contains
     !$omp end parallel do
     ! norm2.rows: writes inv_rms2; reads resid, norm2; scratch xn2
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
+    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_double
@@ -2742,9 +2743,10 @@ contains
           sum_sq = sum_sq + resid(c + dm*(b*n + i)) * resid(c + dm*(b*n + i))
         end do
         inv_rms2(b*n + i) = 1.0_c_double / sqrt(sum_sq / real(dm, c_double) + eps)
+        inv_rms_at = inv_rms2(b*n + i)
         !$omp simd
         do c = 0, dm - 1
-          xn2(c + dm*(b*n + i)) = norm2(c) * resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+          xn2(c + dm*(b*n + i)) = norm2(c) * resid(c + dm*(b*n + i)) * inv_rms_at
         end do
       end do
     end do
@@ -3426,29 +3428,29 @@ contains
         & xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, &
         & mlp_H_row, mlp_Wd_panel_row, mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, &
         & mlp_H_row4, mlp_H_row5
-    real(c_float) :: sum_sq, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
-        & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
-        & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
-        & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
-        & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
-        & acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, row_max_0, row_max_1, row_max_2, &
-        & row_max_3, row_max_4, row_max_5, row_max_6, row_max_7, row_sum_0, row_sum_1, row_sum_2, &
-        & row_sum_3, row_sum_4, row_sum_5, row_sum_6, row_sum_7, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
-        & qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, &
-        & qk_0_14, qk_0_15, qk_0_16, qk_0_17, qk_0_18, qk_0_19, qk_0_20, qk_0_21, qk_0_22, &
-        & qk_0_23, qk_0_24, qk_0_25, qk_0_26, qk_0_27, qk_0_28, qk_0_29, qk_0_30, qk_0_31, &
-        & qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_1_8, qk_1_9, &
-        & qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_1_16, qk_1_17, qk_1_18, &
-        & qk_1_19, qk_1_20, qk_1_21, qk_1_22, qk_1_23, qk_1_24, qk_1_25, qk_1_26, qk_1_27, &
-        & qk_1_28, qk_1_29, qk_1_30, qk_1_31, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, &
-        & qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, qk_2_12, qk_2_13, qk_2_14, qk_2_15, &
-        & qk_2_16, qk_2_17, qk_2_18, qk_2_19, qk_2_20, qk_2_21, qk_2_22, qk_2_23, qk_2_24, &
-        & qk_2_25, qk_2_26, qk_2_27, qk_2_28, qk_2_29, qk_2_30, qk_2_31, qk_3_0, qk_3_1, qk_3_2, &
-        & qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, &
-        & qk_3_13, qk_3_14, qk_3_15, qk_3_16, qk_3_17, qk_3_18, qk_3_19, qk_3_20, qk_3_21, &
-        & qk_3_22, qk_3_23, qk_3_24, qk_3_25, qk_3_26, qk_3_27, qk_3_28, qk_3_29, qk_3_30, &
-        & qk_3_31, qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, &
-        & qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_4_16, qk_4_17, &
+    real(c_float) :: sum_sq, inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
+        & acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
+        & acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
+        & acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
+        & acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
+        & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, row_max_0, row_max_1, &
+        & row_max_2, row_max_3, row_max_4, row_max_5, row_max_6, row_max_7, row_sum_0, row_sum_1, &
+        & row_sum_2, row_sum_3, row_sum_4, row_sum_5, row_sum_6, row_sum_7, qk_0_0, qk_0_1, &
+        & qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, &
+        & qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_0_16, qk_0_17, qk_0_18, qk_0_19, qk_0_20, &
+        & qk_0_21, qk_0_22, qk_0_23, qk_0_24, qk_0_25, qk_0_26, qk_0_27, qk_0_28, qk_0_29, &
+        & qk_0_30, qk_0_31, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, &
+        & qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_1_16, qk_1_17, &
+        & qk_1_18, qk_1_19, qk_1_20, qk_1_21, qk_1_22, qk_1_23, qk_1_24, qk_1_25, qk_1_26, &
+        & qk_1_27, qk_1_28, qk_1_29, qk_1_30, qk_1_31, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, &
+        & qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, qk_2_12, qk_2_13, qk_2_14, &
+        & qk_2_15, qk_2_16, qk_2_17, qk_2_18, qk_2_19, qk_2_20, qk_2_21, qk_2_22, qk_2_23, &
+        & qk_2_24, qk_2_25, qk_2_26, qk_2_27, qk_2_28, qk_2_29, qk_2_30, qk_2_31, qk_3_0, qk_3_1, &
+        & qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, &
+        & qk_3_12, qk_3_13, qk_3_14, qk_3_15, qk_3_16, qk_3_17, qk_3_18, qk_3_19, qk_3_20, &
+        & qk_3_21, qk_3_22, qk_3_23, qk_3_24, qk_3_25, qk_3_26, qk_3_27, qk_3_28, qk_3_29, &
+        & qk_3_30, qk_3_31, qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, &
+        & qk_4_8, qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_4_16, qk_4_17, &
         & qk_4_18, qk_4_19, qk_4_20, qk_4_21, qk_4_22, qk_4_23, qk_4_24, qk_4_25, qk_4_26, &
         & qk_4_27, qk_4_28, qk_4_29, qk_4_30, qk_4_31, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, &
         & qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, qk_5_14, &
@@ -3499,7 +3501,7 @@ contains
 
     ! norm1.rows: writes inv_rms1; reads x, norm1; scratch xn1
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
+    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_float
@@ -3508,9 +3510,10 @@ contains
           sum_sq = sum_sq + x(c + dm*(b*n + i)) * x(c + dm*(b*n + i))
         end do
         inv_rms1(b*n + i) = 1.0_c_float / sqrt(sum_sq / real(dm, c_float) + eps)
+        inv_rms_at = inv_rms1(b*n + i)
         !$omp simd
         do c = 0, dm - 1
-          xn1(c + dm*(b*n + i)) = norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+          xn1(c + dm*(b*n + i)) = norm1(c) * x(c + dm*(b*n + i)) * inv_rms_at
         end do
       end do
     end do
@@ -7254,7 +7257,7 @@ contains
     !$omp end parallel do
     ! norm2.rows: writes inv_rms2; reads resid, norm2; scratch xn2
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
+    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_float
@@ -7263,9 +7266,10 @@ contains
           sum_sq = sum_sq + resid(c + dm*(b*n + i)) * resid(c + dm*(b*n + i))
         end do
         inv_rms2(b*n + i) = 1.0_c_float / sqrt(sum_sq / real(dm, c_float) + eps)
+        inv_rms_at = inv_rms2(b*n + i)
         !$omp simd
         do c = 0, dm - 1
-          xn2(c + dm*(b*n + i)) = norm2(c) * resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+          xn2(c + dm*(b*n + i)) = norm2(c) * resid(c + dm*(b*n + i)) * inv_rms_at
         end do
       end do
     end do

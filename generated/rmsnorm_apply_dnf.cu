@@ -18,7 +18,7 @@
 #define MOAGEN_LAUNCH(kernel, blocks, threads, ...) kernel<<<(blocks), (threads)>>>(__VA_ARGS__)
 #endif
 
-/* z: writes z; reads weight, x, inv_rms
+/* z: writes z; reads inv_rms, weight, x
  * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_apply_dnf_f64_z(
@@ -35,8 +35,9 @@ __global__ void rmsnorm_apply_dnf_f64_z(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const double inv_rms_at = inv_rms[b*n + i];
     for (int64_t c = 0; c < d; ++c) {
-        z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+        z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms_at;
     }
 }
 
@@ -64,7 +65,7 @@ extern "C" int rmsnorm_apply_dnf_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* z: writes z; reads weight, x, inv_rms
+/* z: writes z; reads inv_rms, weight, x
  * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_apply_dnf_f32_z(
@@ -81,8 +82,9 @@ __global__ void rmsnorm_apply_dnf_f32_z(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const float inv_rms_at = inv_rms[b*n + i];
     for (int64_t c = 0; c < d; ++c) {
-        z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+        z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms_at;
     }
 }
 

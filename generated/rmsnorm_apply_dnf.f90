@@ -20,15 +20,17 @@ contains
     real(c_double), intent(in) :: inv_rms(0:batch * n - 1)
     real(c_double), intent(out) :: z(0:batch * n * d - 1)
     integer(c_int64_t) :: b, i, c
+    real(c_double) :: inv_rms_at
 
-    ! z: writes z; reads weight, x, inv_rms
+    ! z: writes z; reads inv_rms, weight, x
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c)
+    !$omp parallel do collapse(2) schedule(static) private(c, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
+        inv_rms_at = inv_rms(b*n + i)
         !$omp simd
         do c = 0, d - 1
-          z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
+          z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms_at
         end do
       end do
     end do
@@ -43,15 +45,17 @@ contains
     real(c_float), intent(in) :: inv_rms(0:batch * n - 1)
     real(c_float), intent(out) :: z(0:batch * n * d - 1)
     integer(c_int64_t) :: b, i, c
+    real(c_float) :: inv_rms_at
 
-    ! z: writes z; reads weight, x, inv_rms
+    ! z: writes z; reads inv_rms, weight, x
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c)
+    !$omp parallel do collapse(2) schedule(static) private(c, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
+        inv_rms_at = inv_rms(b*n + i)
         !$omp simd
         do c = 0, d - 1
-          z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
+          z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms_at
         end do
       end do
     end do

@@ -50,9 +50,10 @@ void rmsnorm_bwd_dnf_f64(
                     total += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)];
                 }
                 const double t2 = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (double)d;
+                const double inv_rms_at = inv_rms[b*n + i];
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    const double t = dz[c + d*(b*n + i)] * inv_rms[b*n + i];
+                    const double t = dz[c + d*(b*n + i)] * inv_rms_at;
                     dx[c + d*(b*n + i)] = t * weight[c] + t2 * x[c + d*(b*n + i)];
                     dweight_part[c + d*i_part] += t * x[c + d*(b*n + i)];
                 }
@@ -102,9 +103,10 @@ void rmsnorm_bwd_dnf_f32(
                     total += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)];
                 }
                 const float t2 = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (float)d;
+                const float inv_rms_at = inv_rms[b*n + i];
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    const float t = dz[c + d*(b*n + i)] * inv_rms[b*n + i];
+                    const float t = dz[c + d*(b*n + i)] * inv_rms_at;
                     dx[c + d*(b*n + i)] = t * weight[c] + t2 * x[c + d*(b*n + i)];
                     dweight_part[c + d*i_part] += t * x[c + d*(b*n + i)];
                 }

@@ -56,8 +56,9 @@ __global__ void rmsnorm_bwd_dnf_f64_dweight_partial(
                 total += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)];
             }
             const double t2 = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (double)d;
+            const double inv_rms_at = inv_rms[b*n + i];
             for (int64_t c = 0; c < d; ++c) {
-                const double t = dz[c + d*(b*n + i)] * inv_rms[b*n + i];
+                const double t = dz[c + d*(b*n + i)] * inv_rms_at;
                 dx[c + d*(b*n + i)] = t * weight[c] + t2 * x[c + d*(b*n + i)];
                 dweight_part[c + d*i_part] += t * x[c + d*(b*n + i)];
             }
@@ -157,8 +158,9 @@ __global__ void rmsnorm_bwd_dnf_f32_dweight_partial(
                 total += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)];
             }
             const float t2 = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (float)d;
+            const float inv_rms_at = inv_rms[b*n + i];
             for (int64_t c = 0; c < d; ++c) {
-                const float t = dz[c + d*(b*n + i)] * inv_rms[b*n + i];
+                const float t = dz[c + d*(b*n + i)] * inv_rms_at;
                 dx[c + d*(b*n + i)] = t * weight[c] + t2 * x[c + d*(b*n + i)];
                 dweight_part[c + d*i_part] += t * x[c + d*(b*n + i)];
             }

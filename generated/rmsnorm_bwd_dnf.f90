@@ -32,11 +32,11 @@ contains
     real(c_double), intent(out) :: dweight(0:d - 1)
     real(c_double), intent(out) :: dweight_part(0:16 * d - 1)
     integer(c_int64_t) :: i_part, c, b, i
-    real(c_double) :: total, t2, t, dweight_sum
+    real(c_double) :: total, t2, inv_rms_at, t, dweight_sum
 
     ! dweight.partial: writes dx; reads dz, weight, x, inv_rms; scratch dweight_part
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, inv_rms_at, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, d - 1
@@ -50,9 +50,10 @@ contains
             total = total + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i))
           end do
           t2 = total * -(inv_rms(b*n + i) * inv_rms(b*n + i) * inv_rms(b*n + i)) / real(d, c_double)
+          inv_rms_at = inv_rms(b*n + i)
           !$omp simd
           do c = 0, d - 1
-            t = dz(c + d*(b*n + i)) * inv_rms(b*n + i)
+            t = dz(c + d*(b*n + i)) * inv_rms_at
             dx(c + d*(b*n + i)) = t * weight(c) + t2 * x(c + d*(b*n + i))
             dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + t * x(c + d*(b*n + i))
           end do
@@ -83,11 +84,11 @@ contains
     real(c_float), intent(out) :: dweight(0:d - 1)
     real(c_float), intent(out) :: dweight_part(0:16 * d - 1)
     integer(c_int64_t) :: i_part, c, b, i
-    real(c_float) :: total, t2, t, dweight_sum
+    real(c_float) :: total, t2, inv_rms_at, t, dweight_sum
 
     ! dweight.partial: writes dx; reads dz, weight, x, inv_rms; scratch dweight_part
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, t)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, total, t2, inv_rms_at, t)
     do i_part = 0, 15
       !$omp simd
       do c = 0, d - 1
@@ -101,9 +102,10 @@ contains
             total = total + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i))
           end do
           t2 = total * -(inv_rms(b*n + i) * inv_rms(b*n + i) * inv_rms(b*n + i)) / real(d, c_float)
+          inv_rms_at = inv_rms(b*n + i)
           !$omp simd
           do c = 0, d - 1
-            t = dz(c + d*(b*n + i)) * inv_rms(b*n + i)
+            t = dz(c + d*(b*n + i)) * inv_rms_at
             dx(c + d*(b*n + i)) = t * weight(c) + t2 * x(c + d*(b*n + i))
             dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + t * x(c + d*(b*n + i))
           end do

@@ -45,13 +45,14 @@ void rmsnorm_bwd_naive_f64(
                 total += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)];
             }
             const double t = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (double)d;
+            const double inv_rms_at = inv_rms[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                dx[c + d*(b*n + i)] = dz[c + d*(b*n + i)] * inv_rms[b*n + i] * weight[c] + t * x[c + d*(b*n + i)];
+                dx[c + d*(b*n + i)] = dz[c + d*(b*n + i)] * inv_rms_at * weight[c] + t * x[c + d*(b*n + i)];
             }
         }
     }
-    /* dweight.partial: reads dz, inv_rms, x; scratch dweight_part
+    /* dweight.partial: reads inv_rms, dz, x; scratch dweight_part
      * for i_part (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
@@ -62,9 +63,10 @@ void rmsnorm_bwd_naive_f64(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                const double inv_rms_at2 = inv_rms[b*n + i];
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * inv_rms[b*n + i] * x[c + d*(b*n + i)];
+                    dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * inv_rms_at2 * x[c + d*(b*n + i)];
                 }
             }
         }
@@ -107,13 +109,14 @@ void rmsnorm_bwd_naive_f32(
                 total += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)];
             }
             const float t = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (float)d;
+            const float inv_rms_at = inv_rms[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                dx[c + d*(b*n + i)] = dz[c + d*(b*n + i)] * inv_rms[b*n + i] * weight[c] + t * x[c + d*(b*n + i)];
+                dx[c + d*(b*n + i)] = dz[c + d*(b*n + i)] * inv_rms_at * weight[c] + t * x[c + d*(b*n + i)];
             }
         }
     }
-    /* dweight.partial: reads dz, inv_rms, x; scratch dweight_part
+    /* dweight.partial: reads inv_rms, dz, x; scratch dweight_part
      * for i_part (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
@@ -124,9 +127,10 @@ void rmsnorm_bwd_naive_f32(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                const float inv_rms_at2 = inv_rms[b*n + i];
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
-                    dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * inv_rms[b*n + i] * x[c + d*(b*n + i)];
+                    dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * inv_rms_at2 * x[c + d*(b*n + i)];
                 }
             }
         }

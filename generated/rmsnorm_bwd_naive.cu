@@ -52,12 +52,13 @@ __global__ void rmsnorm_bwd_naive_f64_dx(
         total += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)];
     }
     const double t = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (double)d;
+    const double inv_rms_at = inv_rms[b*n + i];
     for (int64_t c = 0; c < d; ++c) {
-        dx[c + d*(b*n + i)] = dz[c + d*(b*n + i)] * inv_rms[b*n + i] * weight[c] + t * x[c + d*(b*n + i)];
+        dx[c + d*(b*n + i)] = dz[c + d*(b*n + i)] * inv_rms_at * weight[c] + t * x[c + d*(b*n + i)];
     }
 }
 
-/* dweight.partial: reads dz, inv_rms, x; scratch dweight_part
+/* dweight.partial: reads inv_rms, dz, x; scratch dweight_part
  * for i_part (parallel) / c (simd), b / i / c (simd)
  */
 __global__ void rmsnorm_bwd_naive_f64_dweight_partial(
@@ -81,8 +82,9 @@ __global__ void rmsnorm_bwd_naive_f64_dweight_partial(
     }
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+            const double inv_rms_at2 = inv_rms[b*n + i];
             for (int64_t c = 0; c < d; ++c) {
-                dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * inv_rms[b*n + i] * x[c + d*(b*n + i)];
+                dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * inv_rms_at2 * x[c + d*(b*n + i)];
             }
         }
     }
@@ -185,12 +187,13 @@ __global__ void rmsnorm_bwd_naive_f32_dx(
         total += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)];
     }
     const float t = total * -(inv_rms[b*n + i] * inv_rms[b*n + i] * inv_rms[b*n + i]) / (float)d;
+    const float inv_rms_at = inv_rms[b*n + i];
     for (int64_t c = 0; c < d; ++c) {
-        dx[c + d*(b*n + i)] = dz[c + d*(b*n + i)] * inv_rms[b*n + i] * weight[c] + t * x[c + d*(b*n + i)];
+        dx[c + d*(b*n + i)] = dz[c + d*(b*n + i)] * inv_rms_at * weight[c] + t * x[c + d*(b*n + i)];
     }
 }
 
-/* dweight.partial: reads dz, inv_rms, x; scratch dweight_part
+/* dweight.partial: reads inv_rms, dz, x; scratch dweight_part
  * for i_part (parallel) / c (simd), b / i / c (simd)
  */
 __global__ void rmsnorm_bwd_naive_f32_dweight_partial(
@@ -214,8 +217,9 @@ __global__ void rmsnorm_bwd_naive_f32_dweight_partial(
     }
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = i_part*((n + 15) / 16); i < (n < i_part*((n + 15) / 16) + ((n + 15) / 16) ? n : i_part*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+            const float inv_rms_at2 = inv_rms[b*n + i];
             for (int64_t c = 0; c < d; ++c) {
-                dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * inv_rms[b*n + i] * x[c + d*(b*n + i)];
+                dweight_part[c + d*i_part] += dz[c + d*(b*n + i)] * inv_rms_at2 * x[c + d*(b*n + i)];
             }
         }
     }

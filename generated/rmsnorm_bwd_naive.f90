@@ -32,11 +32,11 @@ contains
     real(c_double), intent(out) :: dweight(0:d - 1)
     real(c_double), intent(out) :: dweight_part(0:16 * d - 1)
     integer(c_int64_t) :: b, i, c, i_part
-    real(c_double) :: total, t, dweight_sum
+    real(c_double) :: total, t, inv_rms_at, inv_rms_at2, dweight_sum
 
     ! dx: writes dx; reads dz, weight, x, inv_rms
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, total, t)
+    !$omp parallel do collapse(2) schedule(static) private(c, total, t, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
         total = 0.0_c_double
@@ -45,17 +45,18 @@ contains
           total = total + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i))
         end do
         t = total * -(inv_rms(b*n + i) * inv_rms(b*n + i) * inv_rms(b*n + i)) / real(d, c_double)
+        inv_rms_at = inv_rms(b*n + i)
         !$omp simd
         do c = 0, d - 1
-          dx(c + d*(b*n + i)) = dz(c + d*(b*n + i)) * inv_rms(b*n + i) * weight(c) + t * x(c + &
-              & d*(b*n + i))
+          dx(c + d*(b*n + i)) = dz(c + d*(b*n + i)) * inv_rms_at * weight(c) + t * x(c + d*(b*n + &
+              & i))
         end do
       end do
     end do
     !$omp end parallel do
-    ! dweight.partial: reads dz, inv_rms, x; scratch dweight_part
+    ! dweight.partial: reads inv_rms, dz, x; scratch dweight_part
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, inv_rms_at2)
     do i_part = 0, 15
       !$omp simd
       do c = 0, d - 1
@@ -63,10 +64,11 @@ contains
       end do
       do b = 0, batch - 1
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
+          inv_rms_at2 = inv_rms(b*n + i)
           !$omp simd
           do c = 0, d - 1
             dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + dz(c + d*(b*n + i)) * &
-                & inv_rms(b*n + i) * x(c + d*(b*n + i))
+                & inv_rms_at2 * x(c + d*(b*n + i))
           end do
         end do
       end do
@@ -95,11 +97,11 @@ contains
     real(c_float), intent(out) :: dweight(0:d - 1)
     real(c_float), intent(out) :: dweight_part(0:16 * d - 1)
     integer(c_int64_t) :: b, i, c, i_part
-    real(c_float) :: total, t, dweight_sum
+    real(c_float) :: total, t, inv_rms_at, inv_rms_at2, dweight_sum
 
     ! dx: writes dx; reads dz, weight, x, inv_rms
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, total, t)
+    !$omp parallel do collapse(2) schedule(static) private(c, total, t, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
         total = 0.0_c_float
@@ -108,17 +110,18 @@ contains
           total = total + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i))
         end do
         t = total * -(inv_rms(b*n + i) * inv_rms(b*n + i) * inv_rms(b*n + i)) / real(d, c_float)
+        inv_rms_at = inv_rms(b*n + i)
         !$omp simd
         do c = 0, d - 1
-          dx(c + d*(b*n + i)) = dz(c + d*(b*n + i)) * inv_rms(b*n + i) * weight(c) + t * x(c + &
-              & d*(b*n + i))
+          dx(c + d*(b*n + i)) = dz(c + d*(b*n + i)) * inv_rms_at * weight(c) + t * x(c + d*(b*n + &
+              & i))
         end do
       end do
     end do
     !$omp end parallel do
-    ! dweight.partial: reads dz, inv_rms, x; scratch dweight_part
+    ! dweight.partial: reads inv_rms, dz, x; scratch dweight_part
     ! for i_part (parallel) / c (simd), b / i / c (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, inv_rms_at2)
     do i_part = 0, 15
       !$omp simd
       do c = 0, d - 1
@@ -126,10 +129,11 @@ contains
       end do
       do b = 0, batch - 1
         do i = i_part*((n + 15) / 16), min(n, i_part*((n + 15) / 16) + ((n + 15) / 16)) - 1
+          inv_rms_at2 = inv_rms(b*n + i)
           !$omp simd
           do c = 0, d - 1
             dweight_part(c + d*i_part) = dweight_part(c + d*i_part) + dz(c + d*(b*n + i)) * &
-                & inv_rms(b*n + i) * x(c + d*(b*n + i))
+                & inv_rms_at2 * x(c + d*(b*n + i))
           end do
         end do
       end do

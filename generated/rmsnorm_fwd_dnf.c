@@ -35,9 +35,10 @@ void rmsnorm_fwd_dnf_f64(
                 sum_sq += x[c + d*(b*n + i)] * x[c + d*(b*n + i)];
             }
             inv_rms[b*n + i] = 1.0 / sqrt(sum_sq / (double)d + eps);
+            const double inv_rms_at = inv_rms[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+                z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms_at;
             }
         }
     }
@@ -66,9 +67,10 @@ void rmsnorm_fwd_dnf_f32(
                 sum_sq += x[c + d*(b*n + i)] * x[c + d*(b*n + i)];
             }
             inv_rms[b*n + i] = 1.0f / sqrtf(sum_sq / (float)d + eps);
+            const float inv_rms_at = inv_rms[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+                z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms_at;
             }
         }
     }

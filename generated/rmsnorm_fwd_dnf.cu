@@ -70,8 +70,9 @@ __global__ void rmsnorm_fwd_dnf_f64_rows(
         inv_rms[b*n + i] = rsqrt(sum_sq / (double)d + eps);
     }
     __syncthreads();
+    const double inv_rms_at = inv_rms[b*n + i];
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-        z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+        z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms_at;
     }
 }
 
@@ -126,8 +127,9 @@ __global__ void rmsnorm_fwd_dnf_f32_rows(
         inv_rms[b*n + i] = rsqrtf(sum_sq / (float)d + eps);
     }
     __syncthreads();
+    const float inv_rms_at = inv_rms[b*n + i];
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-        z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+        z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms_at;
     }
 }
 

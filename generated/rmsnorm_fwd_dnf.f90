@@ -22,11 +22,11 @@ contains
     real(c_double), intent(out) :: z(0:batch * n * d - 1)
     real(c_double), intent(out) :: inv_rms(0:batch * n - 1)
     integer(c_int64_t) :: b, i, c
-    real(c_double) :: sum_sq
+    real(c_double) :: sum_sq, inv_rms_at
 
     ! rows: writes inv_rms, z; reads x, weight
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
+    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_double
@@ -35,9 +35,10 @@ contains
           sum_sq = sum_sq + x(c + d*(b*n + i)) * x(c + d*(b*n + i))
         end do
         inv_rms(b*n + i) = 1.0_c_double / sqrt(sum_sq / real(d, c_double) + eps)
+        inv_rms_at = inv_rms(b*n + i)
         !$omp simd
         do c = 0, d - 1
-          z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
+          z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms_at
         end do
       end do
     end do
@@ -53,11 +54,11 @@ contains
     real(c_float), intent(out) :: z(0:batch * n * d - 1)
     real(c_float), intent(out) :: inv_rms(0:batch * n - 1)
     integer(c_int64_t) :: b, i, c
-    real(c_float) :: sum_sq
+    real(c_float) :: sum_sq, inv_rms_at
 
     ! rows: writes inv_rms, z; reads x, weight
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq)
+    !$omp parallel do collapse(2) schedule(static) private(c, sum_sq, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_float
@@ -66,9 +67,10 @@ contains
           sum_sq = sum_sq + x(c + d*(b*n + i)) * x(c + d*(b*n + i))
         end do
         inv_rms(b*n + i) = 1.0_c_float / sqrt(sum_sq / real(d, c_float) + eps)
+        inv_rms_at = inv_rms(b*n + i)
         !$omp simd
         do c = 0, d - 1
-          z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
+          z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms_at
         end do
       end do
     end do

@@ -38,15 +38,16 @@ void rmsnorm_fwd_naive_f64(
             inv_rms[b*n + i] = 1.0 / sqrt(sum_sq / (double)d + eps);
         }
     }
-    /* z: writes z; reads weight, x, inv_rms
+    /* z: writes z; reads inv_rms, weight, x
      * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const double inv_rms_at = inv_rms[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+                z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms_at;
             }
         }
     }
@@ -78,15 +79,16 @@ void rmsnorm_fwd_naive_f32(
             inv_rms[b*n + i] = 1.0f / sqrtf(sum_sq / (float)d + eps);
         }
     }
-    /* z: writes z; reads weight, x, inv_rms
+    /* z: writes z; reads inv_rms, weight, x
      * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const float inv_rms_at = inv_rms[b*n + i];
             #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
-                z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+                z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms_at;
             }
         }
     }

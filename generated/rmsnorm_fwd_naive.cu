@@ -45,7 +45,7 @@ __global__ void rmsnorm_fwd_naive_f64_inv_rms(
     inv_rms[b*n + i] = rsqrt(sum_sq / (double)d + eps);
 }
 
-/* z: writes z; reads weight, x, inv_rms
+/* z: writes z; reads inv_rms, weight, x
  * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_fwd_naive_f64_z(
@@ -63,8 +63,9 @@ __global__ void rmsnorm_fwd_naive_f64_z(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const double inv_rms_at = inv_rms[b*n + i];
     for (int64_t c = 0; c < d; ++c) {
-        z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+        z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms_at;
     }
 }
 
@@ -128,7 +129,7 @@ __global__ void rmsnorm_fwd_naive_f32_inv_rms(
     inv_rms[b*n + i] = rsqrtf(sum_sq / (float)d + eps);
 }
 
-/* z: writes z; reads weight, x, inv_rms
+/* z: writes z; reads inv_rms, weight, x
  * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_fwd_naive_f32_z(
@@ -146,8 +147,9 @@ __global__ void rmsnorm_fwd_naive_f32_z(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const float inv_rms_at = inv_rms[b*n + i];
     for (int64_t c = 0; c < d; ++c) {
-        z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
+        z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms_at;
     }
 }
 

@@ -22,7 +22,7 @@ contains
     real(c_double), intent(out) :: z(0:batch * n * d - 1)
     real(c_double), intent(out) :: inv_rms(0:batch * n - 1)
     integer(c_int64_t) :: b, i, c, x_row
-    real(c_double) :: sum_sq
+    real(c_double) :: sum_sq, inv_rms_at
 
     ! inv_rms: writes inv_rms; reads x
     ! for b, i (parallel) / c (simd)
@@ -39,14 +39,15 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! z: writes z; reads weight, x, inv_rms
+    ! z: writes z; reads inv_rms, weight, x
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c)
+    !$omp parallel do collapse(2) schedule(static) private(c, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
+        inv_rms_at = inv_rms(b*n + i)
         !$omp simd
         do c = 0, d - 1
-          z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
+          z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms_at
         end do
       end do
     end do
@@ -62,7 +63,7 @@ contains
     real(c_float), intent(out) :: z(0:batch * n * d - 1)
     real(c_float), intent(out) :: inv_rms(0:batch * n - 1)
     integer(c_int64_t) :: b, i, c, x_row
-    real(c_float) :: sum_sq
+    real(c_float) :: sum_sq, inv_rms_at
 
     ! inv_rms: writes inv_rms; reads x
     ! for b, i (parallel) / c (simd)
@@ -79,14 +80,15 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! z: writes z; reads weight, x, inv_rms
+    ! z: writes z; reads inv_rms, weight, x
     ! for b, i (parallel) / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(c)
+    !$omp parallel do collapse(2) schedule(static) private(c, inv_rms_at)
     do b = 0, batch - 1
       do i = 0, n - 1
+        inv_rms_at = inv_rms(b*n + i)
         !$omp simd
         do c = 0, d - 1
-          z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
+          z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms_at
         end do
       end do
     end do

@@ -65,3 +65,34 @@ def test_lanes_that_would_interfere_are_not_vectorized():
     apart = S.Load("y", I + N - 1)  # one loop extent (n - 1) further: another row
     assert _one_loop(Store("y", (I,), x), Store("y", (I + N - 1,), S.Bin("+", apart, x))).simd
     assert not _one_loop(Store("y", (I,), x), Store("y", (I + 1,), x)).simd  # lanes overlap
+
+
+def _marked(*body):
+    loop = Loop(I, sympy.Integer(1), N, tuple(body))
+    onf = ONF("t", "v", (Buffer("x", (N,)),), (Buffer("y", (N,)),), (), (N,), (),
+              (Nest("y", (loop,), "test"),), flat=True)
+    return mark_simd(onf).nests[0].body
+
+
+def test_a_vectorized_loops_invariant_reads_are_loaded_before_it():
+    """x[0], the same element in every iteration, is loaded once into a local before the
+    loop (gcc, unable to prove a store misses it, reloads it in the loop's latch and then
+    does not vectorize); x[i] stays in the loop."""
+    first = S.Load("x", sympy.Integer(0))
+    let, loop = _marked(Store("y", (I,), S.Bin("*", S.Load("x", I), first)))
+    assert let == Let(let.name, first) and loop.simd
+    assert loop.body == (Store("y", (I,), S.Bin("*", S.Load("x", I), S.Local(let.name))),)
+    # a loop that is not vectorized is left as it is
+    unmarked = Update("s", "=", first)
+    assert _marked(unmarked) == (Loop(I, sympy.Integer(1), N, (unmarked,)),)
+
+
+def test_rmsnorm_backward_reads_the_row_statistic_once_a_row():
+    """The loop that writes dx and adds into dweight's parts reads inv_rms[row] from a local
+    loaded before it."""
+    source = emit("rmsnorm_bwd", "dnf", "c")
+    loops = [part.split("}")[0] for part in source.split("#pragma omp simd\n")[1:]]
+    dx = [body for body in loops if "dx[" in body and "dweight_part[" in body]
+    assert len(dx) == 2  # float64, float32
+    assert all("inv_rms_at" in body and "inv_rms[" not in body for body in dx)
+    assert "const double inv_rms_at = inv_rms[b*n + i];" in source
