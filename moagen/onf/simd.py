@@ -61,7 +61,10 @@ def _mark_block(stmts, names):
 
 def _invariant_loads(loop: Loop, names):
     """Lets loading the elements the loop reads at the same offset in every iteration, of
-    arrays it does not store into, and the loop reading those locals instead."""
+    arrays it does not store into, and the loop reading those locals instead. As with
+    Hoist's values, the element is read even where the loop runs no iteration; its offset
+    depends only on the loops around it (in the kernels today a row's statistic: lse,
+    delta, inv_rms at the row those loops are at)."""
     stored = {s.array for s in loop.body if isinstance(s, Store)}
     found = {}
     for b in loop.body:
