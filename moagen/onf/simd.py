@@ -73,12 +73,12 @@ def _invariant_loads(loop: Loop, names):
                 if (isinstance(e, S.Load) and e.array not in stored and e not in found
                         and loop.var not in e.offset.free_symbols):
                     found[e] = names.claim(names.new(f"{e.array}_at"))
-    if not found:
-        return (), loop
     names.locals.update(found.values())
-    swap = lambda e: S.Local(found[e]) if e in found else S.map_children(e, swap)
-    body = tuple(map_stmt_exprs(b, swap) for b in loop.body)
-    return [Let(name, load) for load, name in found.items()], replace(loop, body=body)
+    body = loop.body
+    for load, name in found.items():
+        body = tuple(map_stmt_exprs(b, lambda e: S.replace_node(e, load, S.Local(name)))
+                     for b in body)
+    return tuple(Let(name, load) for load, name in found.items()), replace(loop, body=body)
 
 
 def simd_reductions(loop: Loop):
