@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import tempfile
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
@@ -139,10 +140,29 @@ class Toolchain:
                                 "link": list(self.fldflags + self.acc_fflags)},
         }
 
+    def targets_avx512(self, record: str) -> bool:
+        """Whether a language's compiler, with its flags, builds for AVX-512 (-march=native
+        does on a machine that has it); record: "c" or "fortran", as in describe()."""
+        compiler, flags = {"c": (self.cc, self.cflags), "fortran": (self.fc, self.fflags)}[record]
+        return _enables(compiler, flags, "-mavx512f")
+
     def openacc(self):
         """This toolchain building OpenACC: C and Fortran with the offload flags."""
         return replace(self, cflags=self.acc_cflags, cldflags=ACC_LDFLAGS,
                        fflags=self.acc_fflags, fsharedflags=self.acc_fflags)
+
+
+@lru_cache(maxsize=None)
+def _enables(compiler, flags, option) -> bool:
+    """Whether gcc or gfortran with these flags enables a target option (-Q --help=target
+    lists each with [enabled] or [disabled]); False where the compiler cannot say (missing:
+    the build then says so)."""
+    try:
+        listed = subprocess.run([compiler, *flags, "-Q", "--help=target"], capture_output=True,
+                                text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return any(line.split() == [option, "[enabled]"] for line in listed.splitlines())
 
 
 @dataclass(frozen=True)

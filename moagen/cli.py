@@ -106,7 +106,8 @@ def cmd_list(args):
 
 def _defaults_text(variant):
     """ rows=4 lanes=16 (the CPU's for float64), then where others differ: the CPU's for
-    another dtype, (float32: lanes=32); the CUDA ones, (cuda: rows=4 lanes=8)."""
+    another dtype, (float32: lanes=32); the CUDA ones, (cuda: rows=4 lanes=8); a CPU's with
+    AVX-512, (avx512 float64: mr=8 nr=16)."""
     from moagen.onf.signature import DTYPES
     text = lambda params: "".join(f" {k}={v}" for k, v in params.items())
     cpu, notes = variant.defaults_for("cpu"), []
@@ -119,6 +120,7 @@ def _defaults_text(variant):
             if differ:
                 notes.append(f" ({dtype if target == 'cpu' else f'{target} {dtype}'}:"
                              f"{text(differ)})")
+    notes += [f" (avx512 {dtype}:{text(params)})" for dtype, params in variant.avx512.items()]
     return text(cpu) + "".join(notes)
 
 

@@ -5,6 +5,7 @@
 """
 from functools import lru_cache
 
+from moagen import build
 from moagen.bind.abi import KernelCallable
 from moagen.codegen.emit import check_dtype, emit, stem
 from moagen.codegen.printer import signature
@@ -24,15 +25,36 @@ def library(kernel: str, variant: str, lang: str, params=()):
 def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float64",
          params=None, tuned: bool = True) -> KernelCallable:
     """params: schedule parameters over the defaults of the language's target (a CPU's for
-    C and Fortran) and the dtype. None and tuned: on a CPU, this machine's `moagen tune` choice
-    for the dtype where the tuning file (bench-results/tuning.json in the working directory)
-    records one; it replaces every default."""
+    C and Fortran) and the dtype. None: on a CPU, where tuned, this machine's `moagen tune`
+    choice for the dtype if the tuning file (bench-results/tuning.json in the working
+    directory) records one (it replaces every default), else this machine's defaults
+    (host_defaults)."""
     target = get_target(lang)
-    if params is None and tuned and target.kind == "cpu":
-        params = _tuned(kernel, get_kernel(kernel).variant(variant).name, lang, dtype)
+    params = chosen_params(kernel, variant, lang, dtype, params, tuned)
     onf = onf_of(kernel, variant, params=params, target=target.kind, dtype=check_dtype(dtype))
     return target.bind(library(kernel, onf.variant, lang, param_pairs(params)),
                        signature(onf, dtype), get_kernel(kernel).validate)
+
+
+def chosen_params(kernel: str, variant: str, lang: str, dtype: str, params=None,
+                  tuned: bool = True):
+    """The parameters load takes over the variant's defaults (load's docstring says which);
+    None where it takes the defaults."""
+    if params is None and get_target(lang).kind == "cpu":
+        return ((tuned and _tuned(kernel, get_kernel(kernel).variant(variant).name, lang, dtype))
+                or host_defaults(kernel, variant, lang, dtype))
+    return params
+
+
+def host_defaults(kernel: str, variant: str, lang: str, dtype: str):
+    """The variant's defaults that differ on this machine from generated/'s (a CPU's): the
+    AVX-512 ones (Tunable.avx512) where the language's compiler targets AVX-512; None where
+    none differ."""
+    target = get_target(lang)
+    overrides = get_kernel(kernel).variant(variant).avx512.get(dtype)
+    if target.kind == "cpu" and overrides and build.Toolchain().targets_avx512(target.toolchain):
+        return dict(overrides)
+    return None
 
 
 def _tuned(kernel, variant, lang, dtype):

@@ -20,7 +20,8 @@ def test_defaults_space_and_candidates():
     with pytest.raises(UnknownNameError, match="no schedule parameter rows"):
         tiled.params({"rows": 4})
     tried = tune.candidates(tiled)
-    assert len(tried) == 3 * 2 * 2 and tiled.defaults_for("cpu") in tried
+    assert len(tried) == 3 * 3 * 2 and tiled.defaults_for("cpu") in tried
+    assert all(tiled.params(tiled.avx512[d], "cpu", d) in tried for d in tiled.avx512)
     assert len({tuple(p.items()) for p in tried}) == len(tried)
     assert not get_kernel("attention_fwd").variant("dnf").space
 

@@ -125,10 +125,14 @@ def kernel_callable(kernel: str, variant: str, lang: str, dtype: str, params=Non
 
 def schedule(kernel: str, variant: str, lang: str, dtype: str, params=None) -> dict:
     """The schedule parameters one of our calls runs with (its target's defaults for the
-    dtype, a GPU's for CUDA, under params), and whether `moagen tune` chose them."""
+    dtype, a GPU's for CUDA, this machine's where they differ, under params), and whether
+    `moagen tune` chose them."""
+    from moagen import runtime
     from moagen.kernels import get_kernel
     from moagen.targets import get_target
-    chosen = get_kernel(kernel).variant(variant).params(params, get_target(lang).kind, dtype)
+    chosen = get_kernel(kernel).variant(variant).params(
+        runtime.chosen_params(kernel, variant, lang, dtype, params, tuned=False),
+        get_target(lang).kind, dtype)
     return dict(params=chosen, tuned=bool(params))
 
 

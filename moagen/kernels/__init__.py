@@ -32,6 +32,8 @@ class Variant:
     # the parameters' defaults per target kind ("cpu", "cuda") and dtype: what is fast there
     defaults: Mapping[str, Mapping[str, Mapping[str, int]]] = field(default_factory=dict)
     space: Mapping[str, Tuple[int, ...]] = field(default_factory=dict)
+    # dtype -> the CPU defaults it overrides where the compiler targets AVX-512 (Tunable)
+    avx512: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def defaults_for(self, target: str = "cpu", dtype: str = "float64") -> Dict[str, int]:
         target, dtype = DEFAULTS_OF.get(target, target), check_dtype(dtype)
@@ -152,7 +154,7 @@ def _declared(module, table, kernel):
 def _variant(name, entry):
     if isinstance(entry, Tunable):
         return Variant(name, entry.materialize, entry.build, entry.per_target(),
-                       dict(entry.space))
+                       dict(entry.space), dict(entry.avx512))
     materialize, layers = entry
     return Variant(name, materialize, lambda: layers)
 

@@ -23,16 +23,19 @@ class Tunable:
     cuda: Optional[Params] = None
     dtypes: Mapping[str, Params] = field(default_factory=dict)
     cuda_dtypes: Mapping[str, Params] = field(default_factory=dict)
+    avx512: Mapping[str, Params] = field(default_factory=dict)
 
     def __post_init__(self):
-        for what, overrides in (("dtypes", self.dtypes), ("cuda_dtypes", self.cuda_dtypes)):
+        overridden = (("dtypes", self.dtypes), ("cuda_dtypes", self.cuda_dtypes),
+                      ("avx512", self.avx512))
+        for what, overrides in overridden:
             unknown = set(overrides) - set(DTYPES)
             if unknown:
                 raise SpecError(f"Tunable {what} names unknown dtype "
                                 f"{', '.join(sorted(unknown))}; expected {', '.join(DTYPES)}")
         for what, params in (("cuda", self.cuda or {}),
-                             *((f"dtypes[{d!r}]", p) for d, p in self.dtypes.items()),
-                             *((f"cuda_dtypes[{d!r}]", p) for d, p in self.cuda_dtypes.items())):
+                             *((f"{what}[{d!r}]", p) for what, by_dtype in overridden
+                               for d, p in by_dtype.items())):
             unknown = set(params) - set(self.defaults)
             if unknown:
                 raise SpecError(f"Tunable {what} sets {', '.join(sorted(unknown))}, not among "

@@ -1,0 +1,90 @@
+"""Defaults for AVX-512 machines: a Tunable's `avx512` overrides reach moagen.load and the
+bench's record where the compiler targets AVX-512, and nowhere else; generated/ keeps the
+portable defaults; both tile sets keep the value in C and Fortran on any machine."""
+import pytest
+
+from moagen import build, runtime, verify
+from moagen.bench import cases, tune
+from moagen.cli import main
+from moagen.errors import SpecError
+from moagen.kernels import get_kernel
+from moagen.kernels.mlp import CHECK_SIZES, TILE_AVX512
+from moagen.kernels.tunable import Tunable
+from moagen.onf.signature import DTYPES
+
+TILED = get_kernel("mlp_fwd").variant("tiled")
+
+
+@pytest.fixture(params=[True, False], ids=["avx512", "no-avx512"])
+def avx512(request, monkeypatch):
+    monkeypatch.setattr(build.Toolchain, "targets_avx512", lambda self, record: request.param)
+    return request.param
+
+
+def test_overrides_for_an_unknown_dtype_or_parameter_are_errors():
+    make = lambda avx512: Tunable(frozenset(), lambda **p: (), defaults={"nr": 8}, space={},
+                                  avx512=avx512)
+    with pytest.raises(SpecError, match="avx512 names unknown dtype float16"):
+        make({"float16": {"nr": 16}})
+    with pytest.raises(SpecError, match=r"avx512\['float32'\] sets width, not among"):
+        make({"float32": {"width": 32}})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_host_defaults_follow_the_compiler(avx512, dtype):
+    portable = TILED.defaults_for("cpu", dtype)
+    expected = {**portable, **TILE_AVX512[dtype]} if avx512 else portable
+    for lang in ("c", "fortran"):
+        assert cases.schedule("mlp_fwd", "tiled", lang, dtype) == dict(params=expected,
+                                                                     tuned=False)
+    # a GPU, a kernel without such overrides: their own defaults on any machine
+    assert runtime.host_defaults("mlp_fwd", "tiled", "cuda", dtype) is None
+    assert runtime.host_defaults("attention_fwd", "flash", "c", dtype) is None
+    # an explicit parameter is taken over generated/'s defaults, as everywhere
+    assert cases.schedule("mlp_fwd", "tiled", "c", dtype, {"mr": 4})["params"] == \
+        {**portable, "mr": 4}
+
+
+def test_a_tuned_choice_wins_over_the_avx512_defaults(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(build.Toolchain, "targets_avx512", lambda self, record: True)
+    choice = {"mr": 4, "nr": 8, "row_block": 0}
+    tune.save([dict(kernel="mlp_fwd", variant="tiled", lang="c", dtype="float64",
+                    params=choice)], tmp_path / tune.DEFAULT_FILE)
+    assert runtime.chosen_params("mlp_fwd", "tiled", "c", "float64") == choice
+    assert runtime.chosen_params("mlp_fwd", "tiled", "c", "float64", tuned=False) == \
+        TILE_AVX512["float64"]
+
+
+def test_the_compiler_is_asked_with_its_flags():
+    cc = build.Toolchain().cc
+    assert build._enables(cc, ("-march=skylake-avx512",), "-mavx512f")
+    assert not build._enables(cc, ("-march=x86-64-v3",), "-mavx512f")  # AVX2
+    assert not build._enables("no-such-compiler-here", (), "-mavx512f")
+
+
+def _other_tiles(dtype):
+    """The tile set this machine's loads do not take: both are verified on every machine."""
+    portable = TILED.defaults_for("cpu", dtype)
+    avx512 = {**portable, **TILE_AVX512[dtype]}
+    return portable if runtime.host_defaults("mlp_fwd", "tiled", "c", dtype) else avx512
+
+
+@pytest.mark.parametrize("lang", ["c", "fortran"])
+@pytest.mark.parametrize("kernel", ["mlp_fwd", "mlp_bwd"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_other_tiles_keep_the_value(kernel, lang, dtype):
+    """tests/test_verify.py checks the tiles this machine loads; these the others."""
+    load = lambda k, v, l, d: runtime.load(k, v, l, d, params=_other_tiles(dtype))
+    for sizes in CHECK_SIZES:
+        row = verify.check_case(kernel, "tiled", lang, dtype, sizes, load=load)
+        assert row.status == "pass", verify.format_row(row)
+        assert max(row.errors.values()) <= verify.TOLERANCE[dtype]
+
+
+def test_list_shows_them(capsys):
+    assert main(["list"]) == 0
+    mlp_fwd, = (line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("mlp_fwd:"))
+    shown = " ".join(f"{k}={v}" for k, v in TILE_AVX512["float64"].items())
+    assert f"(avx512 float64: {shown})" in mlp_fwd
