@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from moagen.bench import suite, tune
+from moagen.bench import cases, suite, tune
 from moagen.cli import main
 from moagen.codegen.emit import emit
 from moagen.errors import UnknownNameError
@@ -53,6 +53,7 @@ def test_search_verifies_times_and_records_the_choice(tmp_path, session_build_di
     assert [c["params"] for c in record["candidates"]] == [{"heads": h} for h in (1, 2, 4, 8)]
     assert record["params"] == min(record["candidates"], key=lambda c: c["median_s"])["params"]
     assert "<- chosen" in capsys.readouterr().out
+    assert record["defaults"] == cases.schedule("attention_decode", "split", "c", "float64")["params"]
 
     choices = tune.load_choices(out)
     jobs = suite.plan(["attention_decode"], ["c"], [1], lengths=[64], choices=choices)
