@@ -2,6 +2,8 @@
 bench's record where the compiler targets AVX-512, and nowhere else; generated/ keeps the
 portable defaults, and they keep the value in C and Fortran where the machine loads the
 others."""
+import platform
+
 import pytest
 
 from moagen import build, runtime, verify
@@ -57,6 +59,7 @@ def test_a_tuned_choice_wins_over_the_avx512_defaults(tmp_path, monkeypatch):
         TILE_AVX512["float64"]
 
 
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86 target options")
 def test_the_compiler_is_asked_with_its_flags():
     cc = build.Toolchain().cc
     assert build._enables(cc, ("-march=skylake-avx512",), "-mavx512f")
