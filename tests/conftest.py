@@ -81,9 +81,11 @@ def scale_rows():
     return types.SimpleNamespace(sources=SOURCES, signature=signature)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def session_build_dir(tmp_path_factory):
-    """A build directory shared by the tests that load kernels, so each builds once."""
+    """One build directory for every test, so that each kernel builds once a run (a test
+    that loaded kernels without it built them into build/ as well: a fresh checkout
+    compiled a quarter of the kernels twice)."""
     # under pytest-xdist every worker shares one folder (its builds are atomic renames)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         path = tmp_path_factory.getbasetemp().parent / "build"
