@@ -83,6 +83,7 @@ def test_the_portable_tiles_keep_the_value_where_the_machine_loads_others(kernel
         assert row.status == "pass", verify.format_row(row)
         assert max(row.errors.values()) <= verify.TOLERANCE[dtype]
 
+
 def test_list_shows_them(capsys):
     assert main(["list"]) == 0
     mlp_fwd, = (line for line in capsys.readouterr().out.splitlines()
