@@ -464,38 +464,38 @@ __global__ void attention_fwd_causal_flash_f64_rows(
                 qk_3_6b += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7b += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = (4*i_tile >= 8*j_tile ? scale * qk_0_0b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = (4*i_tile >= 8*j_tile + 1 ? scale * qk_0_1b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = (4*i_tile >= 8*j_tile + 2 ? scale * qk_0_2b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = (4*i_tile >= 8*j_tile + 3 ? scale * qk_0_3b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = (4*i_tile >= 8*j_tile + 4 ? scale * qk_0_4b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = (4*i_tile >= 8*j_tile + 5 ? scale * qk_0_5b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = (4*i_tile >= 8*j_tile + 6 ? scale * qk_0_6b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = (4*i_tile >= 8*j_tile + 7 ? scale * qk_0_7b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= 8*j_tile ? scale * qk_1_0b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = (4*i_tile + 1 >= 8*j_tile + 1 ? scale * qk_1_1b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = (4*i_tile + 1 >= 8*j_tile + 2 ? scale * qk_1_2b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = (4*i_tile + 1 >= 8*j_tile + 3 ? scale * qk_1_3b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = (4*i_tile + 1 >= 8*j_tile + 4 ? scale * qk_1_4b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = (4*i_tile + 1 >= 8*j_tile + 5 ? scale * qk_1_5b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = (4*i_tile + 1 >= 8*j_tile + 6 ? scale * qk_1_6b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = (4*i_tile + 1 >= 8*j_tile + 7 ? scale * qk_1_7b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= 8*j_tile ? scale * qk_2_0b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = (4*i_tile + 2 >= 8*j_tile + 1 ? scale * qk_2_1b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = (4*i_tile + 2 >= 8*j_tile + 2 ? scale * qk_2_2b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = (4*i_tile + 2 >= 8*j_tile + 3 ? scale * qk_2_3b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = (4*i_tile + 2 >= 8*j_tile + 4 ? scale * qk_2_4b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = (4*i_tile + 2 >= 8*j_tile + 5 ? scale * qk_2_5b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = (4*i_tile + 2 >= 8*j_tile + 6 ? scale * qk_2_6b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = (4*i_tile + 2 >= 8*j_tile + 7 ? scale * qk_2_7b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= 8*j_tile ? scale * qk_3_0b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = (4*i_tile + 3 >= 8*j_tile + 1 ? scale * qk_3_1b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = (4*i_tile + 3 >= 8*j_tile + 2 ? scale * qk_3_2b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = (4*i_tile + 3 >= 8*j_tile + 3 ? scale * qk_3_3b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = (4*i_tile + 3 >= 8*j_tile + 4 ? scale * qk_3_4b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = (4*i_tile + 3 >= 8*j_tile + 5 ? scale * qk_3_5b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = (4*i_tile + 3 >= 8*j_tile + 6 ? scale * qk_3_6b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = (4*i_tile + 3 >= 8*j_tile + 7 ? scale * qk_3_7b : -INFINITY);
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7b;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
@@ -509,20 +509,20 @@ __global__ void attention_fwd_causal_flash_f64_rows(
                 qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
         }
         double block_max_0 = -INFINITY;
         double block_max_1 = -INFINITY;
         double block_max_2 = -INFINITY;
         double block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmax(block_max_0, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-            block_max_1 = fmax(block_max_1, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-            block_max_2 = fmax(block_max_2, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-            block_max_3 = fmax(block_max_3, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+            block_max_0 = fmax(block_max_0, (4*i_tile >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
+            block_max_1 = fmax(block_max_1, (4*i_tile + 1 >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] : -INFINITY));
+            block_max_2 = fmax(block_max_2, (4*i_tile + 2 >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] : -INFINITY));
+            block_max_3 = fmax(block_max_3, (4*i_tile + 3 >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] : -INFINITY));
         }
         const double new_max_0 = fmax(row_max_0, block_max_0);
         const double new_max_1 = fmax(row_max_1, block_max_1);
@@ -533,10 +533,10 @@ __global__ void attention_fwd_causal_flash_f64_rows(
         const double rescale_2 = exp(row_max_2 - new_max_2);
         const double rescale_3 = exp(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0) : 0.0);
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1) : 0.0);
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2) : 0.0);
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3) : 0.0);
         }
         double block_sum_0 = 0.0;
         double block_sum_1 = 0.0;
@@ -758,16 +758,16 @@ __global__ void attention_fwd_causal_flash_f64_rows_edge(
             for (int64_t c = 0; c < d; ++c) {
                 qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? scale * qk : -INFINITY);
+            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
         }
         double block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmax(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max = fmax(block_max, (i >= j ? probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
         }
         const double new_max = fmax(row_max, block_max);
         const double rescale = exp(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = exp(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? exp(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max) : 0.0);
         }
         double block_sum = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
@@ -1256,38 +1256,38 @@ __global__ void attention_fwd_causal_flash_f32_rows(
                 qk_3_6b += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7b += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K_panel[8*c + 8*d*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = (4*i_tile >= 8*j_tile ? scale * qk_0_0b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = (4*i_tile >= 8*j_tile + 1 ? scale * qk_0_1b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = (4*i_tile >= 8*j_tile + 2 ? scale * qk_0_2b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = (4*i_tile >= 8*j_tile + 3 ? scale * qk_0_3b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = (4*i_tile >= 8*j_tile + 4 ? scale * qk_0_4b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = (4*i_tile >= 8*j_tile + 5 ? scale * qk_0_5b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = (4*i_tile >= 8*j_tile + 6 ? scale * qk_0_6b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = (4*i_tile >= 8*j_tile + 7 ? scale * qk_0_7b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= 8*j_tile ? scale * qk_1_0b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = (4*i_tile + 1 >= 8*j_tile + 1 ? scale * qk_1_1b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = (4*i_tile + 1 >= 8*j_tile + 2 ? scale * qk_1_2b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = (4*i_tile + 1 >= 8*j_tile + 3 ? scale * qk_1_3b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = (4*i_tile + 1 >= 8*j_tile + 4 ? scale * qk_1_4b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = (4*i_tile + 1 >= 8*j_tile + 5 ? scale * qk_1_5b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = (4*i_tile + 1 >= 8*j_tile + 6 ? scale * qk_1_6b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = (4*i_tile + 1 >= 8*j_tile + 7 ? scale * qk_1_7b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= 8*j_tile ? scale * qk_2_0b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = (4*i_tile + 2 >= 8*j_tile + 1 ? scale * qk_2_1b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = (4*i_tile + 2 >= 8*j_tile + 2 ? scale * qk_2_2b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = (4*i_tile + 2 >= 8*j_tile + 3 ? scale * qk_2_3b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = (4*i_tile + 2 >= 8*j_tile + 4 ? scale * qk_2_4b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = (4*i_tile + 2 >= 8*j_tile + 5 ? scale * qk_2_5b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = (4*i_tile + 2 >= 8*j_tile + 6 ? scale * qk_2_6b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = (4*i_tile + 2 >= 8*j_tile + 7 ? scale * qk_2_7b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= 8*j_tile ? scale * qk_3_0b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = (4*i_tile + 3 >= 8*j_tile + 1 ? scale * qk_3_1b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = (4*i_tile + 3 >= 8*j_tile + 2 ? scale * qk_3_2b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = (4*i_tile + 3 >= 8*j_tile + 3 ? scale * qk_3_3b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = (4*i_tile + 3 >= 8*j_tile + 4 ? scale * qk_3_4b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = (4*i_tile + 3 >= 8*j_tile + 5 ? scale * qk_3_5b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = (4*i_tile + 3 >= 8*j_tile + 6 ? scale * qk_3_6b : -INFINITY);
-            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = (4*i_tile + 3 >= 8*j_tile + 7 ? scale * qk_3_7b : -INFINITY);
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6b;
+            probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7b;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = d*(j + n*(b*heads + h));
@@ -1301,20 +1301,20 @@ __global__ void attention_fwd_causal_flash_f32_rows(
                 qk_2 += Q[c + d*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + d*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
         }
         float block_max_0 = -INFINITY;
         float block_max_1 = -INFINITY;
         float block_max_2 = -INFINITY;
         float block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmaxf(block_max_0, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-            block_max_1 = fmaxf(block_max_1, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-            block_max_2 = fmaxf(block_max_2, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-            block_max_3 = fmaxf(block_max_3, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+            block_max_0 = fmaxf(block_max_0, (4*i_tile >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
+            block_max_1 = fmaxf(block_max_1, (4*i_tile + 1 >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] : -INFINITY));
+            block_max_2 = fmaxf(block_max_2, (4*i_tile + 2 >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] : -INFINITY));
+            block_max_3 = fmaxf(block_max_3, (4*i_tile + 3 >= j ? probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] : -INFINITY));
         }
         const float new_max_0 = fmaxf(row_max_0, block_max_0);
         const float new_max_1 = fmaxf(row_max_1, block_max_1);
@@ -1325,10 +1325,10 @@ __global__ void attention_fwd_causal_flash_f32_rows(
         const float rescale_2 = expf(row_max_2 - new_max_2);
         const float rescale_3 = expf(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0) : 0.0f);
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1) : 0.0f);
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2) : 0.0f);
+            probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3) : 0.0f);
         }
         float block_sum_0 = 0.0f;
         float block_sum_1 = 0.0f;
@@ -1550,16 +1550,16 @@ __global__ void attention_fwd_causal_flash_f32_rows_edge(
             for (int64_t c = 0; c < d; ++c) {
                 qk += Q[c + d*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? scale * qk : -INFINITY);
+            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
         }
         float block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmaxf(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max = fmaxf(block_max, (i >= j ? probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
         }
         const float new_max = fmaxf(row_max, block_max);
         const float rescale = expf(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = expf(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+            probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? expf(probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max) : 0.0f);
         }
         float block_sum = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {

@@ -1623,38 +1623,38 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
                 qk_3_6b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = (4*i_tile >= 8*j_tile ? scale * qk_0_0b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = (4*i_tile >= 8*j_tile + 1 ? scale * qk_0_1b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = (4*i_tile >= 8*j_tile + 2 ? scale * qk_0_2b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = (4*i_tile >= 8*j_tile + 3 ? scale * qk_0_3b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = (4*i_tile >= 8*j_tile + 4 ? scale * qk_0_4b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = (4*i_tile >= 8*j_tile + 5 ? scale * qk_0_5b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = (4*i_tile >= 8*j_tile + 6 ? scale * qk_0_6b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = (4*i_tile >= 8*j_tile + 7 ? scale * qk_0_7b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= 8*j_tile ? scale * qk_1_0b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = (4*i_tile + 1 >= 8*j_tile + 1 ? scale * qk_1_1b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = (4*i_tile + 1 >= 8*j_tile + 2 ? scale * qk_1_2b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = (4*i_tile + 1 >= 8*j_tile + 3 ? scale * qk_1_3b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = (4*i_tile + 1 >= 8*j_tile + 4 ? scale * qk_1_4b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = (4*i_tile + 1 >= 8*j_tile + 5 ? scale * qk_1_5b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = (4*i_tile + 1 >= 8*j_tile + 6 ? scale * qk_1_6b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = (4*i_tile + 1 >= 8*j_tile + 7 ? scale * qk_1_7b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= 8*j_tile ? scale * qk_2_0b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = (4*i_tile + 2 >= 8*j_tile + 1 ? scale * qk_2_1b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = (4*i_tile + 2 >= 8*j_tile + 2 ? scale * qk_2_2b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = (4*i_tile + 2 >= 8*j_tile + 3 ? scale * qk_2_3b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = (4*i_tile + 2 >= 8*j_tile + 4 ? scale * qk_2_4b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = (4*i_tile + 2 >= 8*j_tile + 5 ? scale * qk_2_5b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = (4*i_tile + 2 >= 8*j_tile + 6 ? scale * qk_2_6b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = (4*i_tile + 2 >= 8*j_tile + 7 ? scale * qk_2_7b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= 8*j_tile ? scale * qk_3_0b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = (4*i_tile + 3 >= 8*j_tile + 1 ? scale * qk_3_1b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = (4*i_tile + 3 >= 8*j_tile + 2 ? scale * qk_3_2b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = (4*i_tile + 3 >= 8*j_tile + 3 ? scale * qk_3_3b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = (4*i_tile + 3 >= 8*j_tile + 4 ? scale * qk_3_4b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = (4*i_tile + 3 >= 8*j_tile + 5 ? scale * qk_3_5b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = (4*i_tile + 3 >= 8*j_tile + 6 ? scale * qk_3_6b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = (4*i_tile + 3 >= 8*j_tile + 7 ? scale * qk_3_7b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7b;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
@@ -1668,20 +1668,20 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
                 qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
         }
         double block_max_0 = -INFINITY;
         double block_max_1 = -INFINITY;
         double block_max_2 = -INFINITY;
         double block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmax(block_max_0, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-            block_max_1 = fmax(block_max_1, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-            block_max_2 = fmax(block_max_2, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-            block_max_3 = fmax(block_max_3, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+            block_max_0 = fmax(block_max_0, (4*i_tile >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
+            block_max_1 = fmax(block_max_1, (4*i_tile + 1 >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] : -INFINITY));
+            block_max_2 = fmax(block_max_2, (4*i_tile + 2 >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] : -INFINITY));
+            block_max_3 = fmax(block_max_3, (4*i_tile + 3 >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] : -INFINITY));
         }
         const double new_max_0 = fmax(row_max_0, block_max_0);
         const double new_max_1 = fmax(row_max_1, block_max_1);
@@ -1692,10 +1692,10 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
         const double rescale_2 = exp(row_max_2 - new_max_2);
         const double rescale_3 = exp(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0) : 0.0);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1) : 0.0);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2) : 0.0);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3) : 0.0);
         }
         double block_sum_0 = 0.0;
         double block_sum_1 = 0.0;
@@ -1946,16 +1946,16 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_edge(
             for (int64_t c = 0; c < dh; ++c) {
                 qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? scale * qk : -INFINITY);
+            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
         }
         double block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmax(block_max, attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max = fmax(block_max, (i >= j ? attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
         }
         const double new_max = fmax(row_max, block_max);
         const double rescale = exp(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = exp(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? exp(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max) : 0.0);
         }
         double block_sum = 0.0;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
@@ -5374,38 +5374,38 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
                 qk_3_6b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
                 qk_3_7b += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
             }
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = (4*i_tile >= 8*j_tile ? scale * qk_0_0b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = (4*i_tile >= 8*j_tile + 1 ? scale * qk_0_1b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = (4*i_tile >= 8*j_tile + 2 ? scale * qk_0_2b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = (4*i_tile >= 8*j_tile + 3 ? scale * qk_0_3b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = (4*i_tile >= 8*j_tile + 4 ? scale * qk_0_4b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = (4*i_tile >= 8*j_tile + 5 ? scale * qk_0_5b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = (4*i_tile >= 8*j_tile + 6 ? scale * qk_0_6b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = (4*i_tile >= 8*j_tile + 7 ? scale * qk_0_7b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= 8*j_tile ? scale * qk_1_0b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = (4*i_tile + 1 >= 8*j_tile + 1 ? scale * qk_1_1b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = (4*i_tile + 1 >= 8*j_tile + 2 ? scale * qk_1_2b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = (4*i_tile + 1 >= 8*j_tile + 3 ? scale * qk_1_3b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = (4*i_tile + 1 >= 8*j_tile + 4 ? scale * qk_1_4b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = (4*i_tile + 1 >= 8*j_tile + 5 ? scale * qk_1_5b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = (4*i_tile + 1 >= 8*j_tile + 6 ? scale * qk_1_6b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = (4*i_tile + 1 >= 8*j_tile + 7 ? scale * qk_1_7b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= 8*j_tile ? scale * qk_2_0b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = (4*i_tile + 2 >= 8*j_tile + 1 ? scale * qk_2_1b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = (4*i_tile + 2 >= 8*j_tile + 2 ? scale * qk_2_2b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = (4*i_tile + 2 >= 8*j_tile + 3 ? scale * qk_2_3b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = (4*i_tile + 2 >= 8*j_tile + 4 ? scale * qk_2_4b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = (4*i_tile + 2 >= 8*j_tile + 5 ? scale * qk_2_5b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = (4*i_tile + 2 >= 8*j_tile + 6 ? scale * qk_2_6b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = (4*i_tile + 2 >= 8*j_tile + 7 ? scale * qk_2_7b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= 8*j_tile ? scale * qk_3_0b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = (4*i_tile + 3 >= 8*j_tile + 1 ? scale * qk_3_1b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = (4*i_tile + 3 >= 8*j_tile + 2 ? scale * qk_3_2b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = (4*i_tile + 3 >= 8*j_tile + 3 ? scale * qk_3_3b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = (4*i_tile + 3 >= 8*j_tile + 4 ? scale * qk_3_4b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = (4*i_tile + 3 >= 8*j_tile + 5 ? scale * qk_3_5b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = (4*i_tile + 3 >= 8*j_tile + 6 ? scale * qk_3_6b : -INFINITY);
-            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = (4*i_tile + 3 >= 8*j_tile + 7 ? scale * qk_3_7b : -INFINITY);
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h)] = scale * qk_0_0b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 1] = scale * qk_0_1b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 2] = scale * qk_0_2b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 3] = scale * qk_0_3b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 4] = scale * qk_0_4b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 5] = scale * qk_0_5b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 6] = scale * qk_0_6b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 7] = scale * qk_0_7b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 64] = scale * qk_1_0b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 65] = scale * qk_1_1b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 66] = scale * qk_1_2b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 67] = scale * qk_1_3b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 68] = scale * qk_1_4b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 69] = scale * qk_1_5b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 70] = scale * qk_1_6b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 71] = scale * qk_1_7b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 128] = scale * qk_2_0b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 129] = scale * qk_2_1b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 130] = scale * qk_2_2b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 131] = scale * qk_2_3b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 132] = scale * qk_2_4b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 133] = scale * qk_2_5b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 134] = scale * qk_2_6b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 135] = scale * qk_2_7b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 192] = scale * qk_3_0b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 193] = scale * qk_3_1b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 194] = scale * qk_3_2b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 195] = scale * qk_3_3b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 196] = scale * qk_3_4b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 197] = scale * qk_3_5b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 198] = scale * qk_3_6b;
+            attn_probs[256*i_tile - 64*j_blk + 8*j_tile + 64*n*(b*heads + h) + 199] = scale * qk_3_7b;
         }
         for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             const int64_t K_row = dh*(j + n*(b*heads + h));
@@ -5419,20 +5419,20 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
                 qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[K_row + c];
                 qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[K_row + c];
             }
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? scale * qk_0 : -INFINITY);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? scale * qk_1 : -INFINITY);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? scale * qk_2 : -INFINITY);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? scale * qk_3 : -INFINITY);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
         }
         float block_max_0 = -INFINITY;
         float block_max_1 = -INFINITY;
         float block_max_2 = -INFINITY;
         float block_max_3 = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max_0 = fmaxf(block_max_0, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-            block_max_1 = fmaxf(block_max_1, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-            block_max_2 = fmaxf(block_max_2, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-            block_max_3 = fmaxf(block_max_3, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+            block_max_0 = fmaxf(block_max_0, (4*i_tile >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
+            block_max_1 = fmaxf(block_max_1, (4*i_tile + 1 >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] : -INFINITY));
+            block_max_2 = fmaxf(block_max_2, (4*i_tile + 2 >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] : -INFINITY));
+            block_max_3 = fmaxf(block_max_3, (4*i_tile + 3 >= j ? attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] : -INFINITY));
         }
         const float new_max_0 = fmaxf(row_max_0, block_max_0);
         const float new_max_1 = fmaxf(row_max_1, block_max_1);
@@ -5443,10 +5443,10 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
         const float rescale_2 = expf(row_max_2 - new_max_2);
         const float rescale_3 = expf(row_max_3 - new_max_3);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
-            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = (4*i_tile >= j ? expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0) : 0.0f);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = (4*i_tile + 1 >= j ? expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1) : 0.0f);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = (4*i_tile + 2 >= j ? expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2) : 0.0f);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = (4*i_tile + 3 >= j ? expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3) : 0.0f);
         }
         float block_sum_0 = 0.0f;
         float block_sum_1 = 0.0f;
@@ -5697,16 +5697,16 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_edge(
             for (int64_t c = 0; c < dh; ++c) {
                 qk += Q[c + dh*(i + n*(b*heads + h))] * K[K_row + c];
             }
-            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? scale * qk : -INFINITY);
+            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
         }
         float block_max = -INFINITY;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            block_max = fmaxf(block_max, attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max = fmaxf(block_max, (i >= j ? attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] : -INFINITY));
         }
         const float new_max = fmaxf(row_max, block_max);
         const float rescale = expf(row_max - new_max);
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = expf(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = (i >= j ? expf(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max) : 0.0f);
         }
         float block_sum = 0.0f;
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {

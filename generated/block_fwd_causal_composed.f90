@@ -2805,262 +2805,261 @@ contains
                 qk_7_15b = qk_7_15b + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
                     & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
               end do
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h)) = merge(scale * &
-                  & qk_0_0b, neg_inf, 8*i_tile >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 1) = &
-                  & merge(scale * qk_0_1b, neg_inf, 8*i_tile >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 2) = &
-                  & merge(scale * qk_0_2b, neg_inf, 8*i_tile >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 3) = &
-                  & merge(scale * qk_0_3b, neg_inf, 8*i_tile >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 4) = &
-                  & merge(scale * qk_0_4b, neg_inf, 8*i_tile >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 5) = &
-                  & merge(scale * qk_0_5b, neg_inf, 8*i_tile >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 6) = &
-                  & merge(scale * qk_0_6b, neg_inf, 8*i_tile >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 7) = &
-                  & merge(scale * qk_0_7b, neg_inf, 8*i_tile >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 8) = &
-                  & merge(scale * qk_0_8b, neg_inf, 8*i_tile >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 9) = &
-                  & merge(scale * qk_0_9b, neg_inf, 8*i_tile >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 10) = &
-                  & merge(scale * qk_0_10b, neg_inf, 8*i_tile >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 11) = &
-                  & merge(scale * qk_0_11b, neg_inf, 8*i_tile >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 12) = &
-                  & merge(scale * qk_0_12b, neg_inf, 8*i_tile >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 13) = &
-                  & merge(scale * qk_0_13b, neg_inf, 8*i_tile >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 14) = &
-                  & merge(scale * qk_0_14b, neg_inf, 8*i_tile >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 15) = &
-                  & merge(scale * qk_0_15b, neg_inf, 8*i_tile >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 64) = &
-                  & merge(scale * qk_1_0b, neg_inf, 8*i_tile + 1 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 65) = &
-                  & merge(scale * qk_1_1b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 66) = &
-                  & merge(scale * qk_1_2b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 67) = &
-                  & merge(scale * qk_1_3b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 68) = &
-                  & merge(scale * qk_1_4b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 69) = &
-                  & merge(scale * qk_1_5b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 70) = &
-                  & merge(scale * qk_1_6b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 71) = &
-                  & merge(scale * qk_1_7b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 72) = &
-                  & merge(scale * qk_1_8b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 73) = &
-                  & merge(scale * qk_1_9b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 74) = &
-                  & merge(scale * qk_1_10b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 75) = &
-                  & merge(scale * qk_1_11b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 76) = &
-                  & merge(scale * qk_1_12b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 77) = &
-                  & merge(scale * qk_1_13b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 78) = &
-                  & merge(scale * qk_1_14b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 79) = &
-                  & merge(scale * qk_1_15b, neg_inf, 8*i_tile + 1 >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 128) = &
-                  & merge(scale * qk_2_0b, neg_inf, 8*i_tile + 2 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 129) = &
-                  & merge(scale * qk_2_1b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 130) = &
-                  & merge(scale * qk_2_2b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 131) = &
-                  & merge(scale * qk_2_3b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 132) = &
-                  & merge(scale * qk_2_4b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 133) = &
-                  & merge(scale * qk_2_5b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 134) = &
-                  & merge(scale * qk_2_6b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 135) = &
-                  & merge(scale * qk_2_7b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 136) = &
-                  & merge(scale * qk_2_8b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 137) = &
-                  & merge(scale * qk_2_9b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 138) = &
-                  & merge(scale * qk_2_10b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 139) = &
-                  & merge(scale * qk_2_11b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 140) = &
-                  & merge(scale * qk_2_12b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 141) = &
-                  & merge(scale * qk_2_13b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 142) = &
-                  & merge(scale * qk_2_14b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 143) = &
-                  & merge(scale * qk_2_15b, neg_inf, 8*i_tile + 2 >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 192) = &
-                  & merge(scale * qk_3_0b, neg_inf, 8*i_tile + 3 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 193) = &
-                  & merge(scale * qk_3_1b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 194) = &
-                  & merge(scale * qk_3_2b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 195) = &
-                  & merge(scale * qk_3_3b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 196) = &
-                  & merge(scale * qk_3_4b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 197) = &
-                  & merge(scale * qk_3_5b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 198) = &
-                  & merge(scale * qk_3_6b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 199) = &
-                  & merge(scale * qk_3_7b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 200) = &
-                  & merge(scale * qk_3_8b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 201) = &
-                  & merge(scale * qk_3_9b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 202) = &
-                  & merge(scale * qk_3_10b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 203) = &
-                  & merge(scale * qk_3_11b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 204) = &
-                  & merge(scale * qk_3_12b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 205) = &
-                  & merge(scale * qk_3_13b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 206) = &
-                  & merge(scale * qk_3_14b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 207) = &
-                  & merge(scale * qk_3_15b, neg_inf, 8*i_tile + 3 >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 256) = &
-                  & merge(scale * qk_4_0b, neg_inf, 8*i_tile + 4 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 257) = &
-                  & merge(scale * qk_4_1b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 258) = &
-                  & merge(scale * qk_4_2b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 259) = &
-                  & merge(scale * qk_4_3b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 260) = &
-                  & merge(scale * qk_4_4b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 261) = &
-                  & merge(scale * qk_4_5b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 262) = &
-                  & merge(scale * qk_4_6b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 263) = &
-                  & merge(scale * qk_4_7b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 264) = &
-                  & merge(scale * qk_4_8b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 265) = &
-                  & merge(scale * qk_4_9b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 266) = &
-                  & merge(scale * qk_4_10b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 267) = &
-                  & merge(scale * qk_4_11b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 268) = &
-                  & merge(scale * qk_4_12b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 269) = &
-                  & merge(scale * qk_4_13b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 270) = &
-                  & merge(scale * qk_4_14b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 271) = &
-                  & merge(scale * qk_4_15b, neg_inf, 8*i_tile + 4 >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 320) = &
-                  & merge(scale * qk_5_0b, neg_inf, 8*i_tile + 5 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 321) = &
-                  & merge(scale * qk_5_1b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 322) = &
-                  & merge(scale * qk_5_2b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 323) = &
-                  & merge(scale * qk_5_3b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 324) = &
-                  & merge(scale * qk_5_4b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 325) = &
-                  & merge(scale * qk_5_5b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 326) = &
-                  & merge(scale * qk_5_6b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 327) = &
-                  & merge(scale * qk_5_7b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 328) = &
-                  & merge(scale * qk_5_8b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 329) = &
-                  & merge(scale * qk_5_9b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 330) = &
-                  & merge(scale * qk_5_10b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 331) = &
-                  & merge(scale * qk_5_11b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 332) = &
-                  & merge(scale * qk_5_12b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 333) = &
-                  & merge(scale * qk_5_13b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 334) = &
-                  & merge(scale * qk_5_14b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 335) = &
-                  & merge(scale * qk_5_15b, neg_inf, 8*i_tile + 5 >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 384) = &
-                  & merge(scale * qk_6_0b, neg_inf, 8*i_tile + 6 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 385) = &
-                  & merge(scale * qk_6_1b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 386) = &
-                  & merge(scale * qk_6_2b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 387) = &
-                  & merge(scale * qk_6_3b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 388) = &
-                  & merge(scale * qk_6_4b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 389) = &
-                  & merge(scale * qk_6_5b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 390) = &
-                  & merge(scale * qk_6_6b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 391) = &
-                  & merge(scale * qk_6_7b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 392) = &
-                  & merge(scale * qk_6_8b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 393) = &
-                  & merge(scale * qk_6_9b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 394) = &
-                  & merge(scale * qk_6_10b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 395) = &
-                  & merge(scale * qk_6_11b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 396) = &
-                  & merge(scale * qk_6_12b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 397) = &
-                  & merge(scale * qk_6_13b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 398) = &
-                  & merge(scale * qk_6_14b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 399) = &
-                  & merge(scale * qk_6_15b, neg_inf, 8*i_tile + 6 >= 16*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 448) = &
-                  & merge(scale * qk_7_0b, neg_inf, 8*i_tile + 7 >= 16*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 449) = &
-                  & merge(scale * qk_7_1b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 450) = &
-                  & merge(scale * qk_7_2b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 451) = &
-                  & merge(scale * qk_7_3b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 452) = &
-                  & merge(scale * qk_7_4b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 453) = &
-                  & merge(scale * qk_7_5b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 454) = &
-                  & merge(scale * qk_7_6b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 455) = &
-                  & merge(scale * qk_7_7b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 456) = &
-                  & merge(scale * qk_7_8b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 457) = &
-                  & merge(scale * qk_7_9b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 458) = &
-                  & merge(scale * qk_7_10b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 459) = &
-                  & merge(scale * qk_7_11b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 460) = &
-                  & merge(scale * qk_7_12b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 461) = &
-                  & merge(scale * qk_7_13b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 462) = &
-                  & merge(scale * qk_7_14b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 463) = &
-                  & merge(scale * qk_7_15b, neg_inf, 8*i_tile + 7 >= 16*j_tile + 15)
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h)) = scale * qk_0_0b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 1) = scale * &
+                  & qk_0_1b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 2) = scale * &
+                  & qk_0_2b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 3) = scale * &
+                  & qk_0_3b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 4) = scale * &
+                  & qk_0_4b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 5) = scale * &
+                  & qk_0_5b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 6) = scale * &
+                  & qk_0_6b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 7) = scale * &
+                  & qk_0_7b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 8) = scale * &
+                  & qk_0_8b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 9) = scale * &
+                  & qk_0_9b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 10) = scale * &
+                  & qk_0_10b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 11) = scale * &
+                  & qk_0_11b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 12) = scale * &
+                  & qk_0_12b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 13) = scale * &
+                  & qk_0_13b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 14) = scale * &
+                  & qk_0_14b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 15) = scale * &
+                  & qk_0_15b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 64) = scale * &
+                  & qk_1_0b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 65) = scale * &
+                  & qk_1_1b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 66) = scale * &
+                  & qk_1_2b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 67) = scale * &
+                  & qk_1_3b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 68) = scale * &
+                  & qk_1_4b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 69) = scale * &
+                  & qk_1_5b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 70) = scale * &
+                  & qk_1_6b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 71) = scale * &
+                  & qk_1_7b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 72) = scale * &
+                  & qk_1_8b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 73) = scale * &
+                  & qk_1_9b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 74) = scale * &
+                  & qk_1_10b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 75) = scale * &
+                  & qk_1_11b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 76) = scale * &
+                  & qk_1_12b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 77) = scale * &
+                  & qk_1_13b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 78) = scale * &
+                  & qk_1_14b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 79) = scale * &
+                  & qk_1_15b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 128) = scale * &
+                  & qk_2_0b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 129) = scale * &
+                  & qk_2_1b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 130) = scale * &
+                  & qk_2_2b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 131) = scale * &
+                  & qk_2_3b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 132) = scale * &
+                  & qk_2_4b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 133) = scale * &
+                  & qk_2_5b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 134) = scale * &
+                  & qk_2_6b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 135) = scale * &
+                  & qk_2_7b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 136) = scale * &
+                  & qk_2_8b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 137) = scale * &
+                  & qk_2_9b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 138) = scale * &
+                  & qk_2_10b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 139) = scale * &
+                  & qk_2_11b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 140) = scale * &
+                  & qk_2_12b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 141) = scale * &
+                  & qk_2_13b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 142) = scale * &
+                  & qk_2_14b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 143) = scale * &
+                  & qk_2_15b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 192) = scale * &
+                  & qk_3_0b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 193) = scale * &
+                  & qk_3_1b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 194) = scale * &
+                  & qk_3_2b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 195) = scale * &
+                  & qk_3_3b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 196) = scale * &
+                  & qk_3_4b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 197) = scale * &
+                  & qk_3_5b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 198) = scale * &
+                  & qk_3_6b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 199) = scale * &
+                  & qk_3_7b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 200) = scale * &
+                  & qk_3_8b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 201) = scale * &
+                  & qk_3_9b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 202) = scale * &
+                  & qk_3_10b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 203) = scale * &
+                  & qk_3_11b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 204) = scale * &
+                  & qk_3_12b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 205) = scale * &
+                  & qk_3_13b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 206) = scale * &
+                  & qk_3_14b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 207) = scale * &
+                  & qk_3_15b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 256) = scale * &
+                  & qk_4_0b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 257) = scale * &
+                  & qk_4_1b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 258) = scale * &
+                  & qk_4_2b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 259) = scale * &
+                  & qk_4_3b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 260) = scale * &
+                  & qk_4_4b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 261) = scale * &
+                  & qk_4_5b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 262) = scale * &
+                  & qk_4_6b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 263) = scale * &
+                  & qk_4_7b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 264) = scale * &
+                  & qk_4_8b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 265) = scale * &
+                  & qk_4_9b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 266) = scale * &
+                  & qk_4_10b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 267) = scale * &
+                  & qk_4_11b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 268) = scale * &
+                  & qk_4_12b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 269) = scale * &
+                  & qk_4_13b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 270) = scale * &
+                  & qk_4_14b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 271) = scale * &
+                  & qk_4_15b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 320) = scale * &
+                  & qk_5_0b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 321) = scale * &
+                  & qk_5_1b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 322) = scale * &
+                  & qk_5_2b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 323) = scale * &
+                  & qk_5_3b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 324) = scale * &
+                  & qk_5_4b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 325) = scale * &
+                  & qk_5_5b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 326) = scale * &
+                  & qk_5_6b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 327) = scale * &
+                  & qk_5_7b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 328) = scale * &
+                  & qk_5_8b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 329) = scale * &
+                  & qk_5_9b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 330) = scale * &
+                  & qk_5_10b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 331) = scale * &
+                  & qk_5_11b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 332) = scale * &
+                  & qk_5_12b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 333) = scale * &
+                  & qk_5_13b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 334) = scale * &
+                  & qk_5_14b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 335) = scale * &
+                  & qk_5_15b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 384) = scale * &
+                  & qk_6_0b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 385) = scale * &
+                  & qk_6_1b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 386) = scale * &
+                  & qk_6_2b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 387) = scale * &
+                  & qk_6_3b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 388) = scale * &
+                  & qk_6_4b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 389) = scale * &
+                  & qk_6_5b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 390) = scale * &
+                  & qk_6_6b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 391) = scale * &
+                  & qk_6_7b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 392) = scale * &
+                  & qk_6_8b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 393) = scale * &
+                  & qk_6_9b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 394) = scale * &
+                  & qk_6_10b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 395) = scale * &
+                  & qk_6_11b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 396) = scale * &
+                  & qk_6_12b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 397) = scale * &
+                  & qk_6_13b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 398) = scale * &
+                  & qk_6_14b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 399) = scale * &
+                  & qk_6_15b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 448) = scale * &
+                  & qk_7_0b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 449) = scale * &
+                  & qk_7_1b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 450) = scale * &
+                  & qk_7_2b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 451) = scale * &
+                  & qk_7_3b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 452) = scale * &
+                  & qk_7_4b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 453) = scale * &
+                  & qk_7_5b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 454) = scale * &
+                  & qk_7_6b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 455) = scale * &
+                  & qk_7_7b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 456) = scale * &
+                  & qk_7_8b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 457) = scale * &
+                  & qk_7_9b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 458) = scale * &
+                  & qk_7_10b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 459) = scale * &
+                  & qk_7_11b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 460) = scale * &
+                  & qk_7_12b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 461) = scale * &
+                  & qk_7_13b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 462) = scale * &
+                  & qk_7_14b
+              attn_probs(512*i_tile - 64*j_blk + 16*j_tile + 64*n*(b*heads + h) + 463) = scale * &
+                  & qk_7_15b
             end do
             do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
@@ -3083,22 +3082,14 @@ contains
                 qk_6 = qk_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * K(K_row + c)
                 qk_7 = qk_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * K(K_row + c)
               end do
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = merge(scale * qk_0, &
-                  & neg_inf, 8*i_tile >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = merge(scale * &
-                  & qk_1, neg_inf, 8*i_tile + 1 >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = merge(scale * &
-                  & qk_2, neg_inf, 8*i_tile + 2 >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = merge(scale * &
-                  & qk_3, neg_inf, 8*i_tile + 3 >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = merge(scale * &
-                  & qk_4, neg_inf, 8*i_tile + 4 >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = merge(scale * &
-                  & qk_5, neg_inf, 8*i_tile + 5 >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = merge(scale * &
-                  & qk_6, neg_inf, 8*i_tile + 6 >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = merge(scale * &
-                  & qk_7, neg_inf, 8*i_tile + 7 >= j)
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = scale * qk_6
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = scale * qk_7
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -3111,22 +3102,22 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5, block_max_6, block_max_7)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h)))
-              block_max_1 = max(block_max_1, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 64))
-              block_max_2 = max(block_max_2, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 128))
-              block_max_3 = max(block_max_3, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 192))
-              block_max_4 = max(block_max_4, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 256))
-              block_max_5 = max(block_max_5, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 320))
-              block_max_6 = max(block_max_6, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 384))
-              block_max_7 = max(block_max_7, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 448))
+              block_max_0 = max(block_max_0, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h)), neg_inf, 8*i_tile >= j))
+              block_max_1 = max(block_max_1, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 64), neg_inf, 8*i_tile + 1 >= j))
+              block_max_2 = max(block_max_2, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 128), neg_inf, 8*i_tile + 2 >= j))
+              block_max_3 = max(block_max_3, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 192), neg_inf, 8*i_tile + 3 >= j))
+              block_max_4 = max(block_max_4, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 256), neg_inf, 8*i_tile + 4 >= j))
+              block_max_5 = max(block_max_5, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 320), neg_inf, 8*i_tile + 5 >= j))
+              block_max_6 = max(block_max_6, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 384), neg_inf, 8*i_tile + 6 >= j))
+              block_max_7 = max(block_max_7, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 448), neg_inf, 8*i_tile + 7 >= j))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -3147,27 +3138,29 @@ contains
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - &
+                  & new_max_0), 0.0_c_double, 8*i_tile >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - &
+                  & new_max_1), 0.0_c_double, 8*i_tile + 1 >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
-                  & new_max_2)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
+                  & new_max_2), 0.0_c_double, 8*i_tile + 2 >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
-                  & new_max_3)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
+                  & new_max_3), 0.0_c_double, 8*i_tile + 3 >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) - &
-                  & new_max_4)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) - &
+                  & new_max_4), 0.0_c_double, 8*i_tile + 4 >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) - &
-                  & new_max_5)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) - &
+                  & new_max_5), 0.0_c_double, 8*i_tile + 5 >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) - &
-                  & new_max_6)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) - &
+                  & new_max_6), 0.0_c_double, 8*i_tile + 6 >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) - &
-                  & new_max_7)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) - &
+                  & new_max_7), 0.0_c_double, 8*i_tile + 7 >= j)
             end do
             block_sum_0 = 0.0_c_double
             block_sum_1 = 0.0_c_double
@@ -3873,20 +3866,20 @@ contains
               do c = 0, dh - 1
                 qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = merge(scale * qk, neg_inf, i &
-                  & >= j)
+              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max = max(block_max, attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)))
+              block_max = max(block_max, merge(attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + &
+                  & h)), neg_inf, i >= j))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = exp(attn_probs(64*i + j - &
-                  & 64*j_blk + 64*n*(b*heads + h)) - new_max)
+              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = merge(exp(attn_probs(64*i + &
+                  & j - 64*j_blk + 64*n*(b*heads + h)) - new_max), 0.0_c_double, i >= j)
             end do
             block_sum = 0.0_c_double
             !$omp simd reduction(+:block_sum)
@@ -9219,518 +9212,517 @@ contains
                 qk_7_31b = qk_7_31b + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * &
                     & attn_K_panel(32*c + 32*dh*(j_tile + (b*heads + h)*((n) / 32)) + 31)
               end do
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h)) = merge(scale * &
-                  & qk_0_0b, neg_inf, 8*i_tile >= 32*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 1) = &
-                  & merge(scale * qk_0_1b, neg_inf, 8*i_tile >= 32*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 2) = &
-                  & merge(scale * qk_0_2b, neg_inf, 8*i_tile >= 32*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 3) = &
-                  & merge(scale * qk_0_3b, neg_inf, 8*i_tile >= 32*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 4) = &
-                  & merge(scale * qk_0_4b, neg_inf, 8*i_tile >= 32*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 5) = &
-                  & merge(scale * qk_0_5b, neg_inf, 8*i_tile >= 32*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 6) = &
-                  & merge(scale * qk_0_6b, neg_inf, 8*i_tile >= 32*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 7) = &
-                  & merge(scale * qk_0_7b, neg_inf, 8*i_tile >= 32*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 8) = &
-                  & merge(scale * qk_0_8b, neg_inf, 8*i_tile >= 32*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 9) = &
-                  & merge(scale * qk_0_9b, neg_inf, 8*i_tile >= 32*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 10) = &
-                  & merge(scale * qk_0_10b, neg_inf, 8*i_tile >= 32*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 11) = &
-                  & merge(scale * qk_0_11b, neg_inf, 8*i_tile >= 32*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 12) = &
-                  & merge(scale * qk_0_12b, neg_inf, 8*i_tile >= 32*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 13) = &
-                  & merge(scale * qk_0_13b, neg_inf, 8*i_tile >= 32*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 14) = &
-                  & merge(scale * qk_0_14b, neg_inf, 8*i_tile >= 32*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 15) = &
-                  & merge(scale * qk_0_15b, neg_inf, 8*i_tile >= 32*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 16) = &
-                  & merge(scale * qk_0_16b, neg_inf, 8*i_tile >= 32*j_tile + 16)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 17) = &
-                  & merge(scale * qk_0_17b, neg_inf, 8*i_tile >= 32*j_tile + 17)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 18) = &
-                  & merge(scale * qk_0_18b, neg_inf, 8*i_tile >= 32*j_tile + 18)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 19) = &
-                  & merge(scale * qk_0_19b, neg_inf, 8*i_tile >= 32*j_tile + 19)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 20) = &
-                  & merge(scale * qk_0_20b, neg_inf, 8*i_tile >= 32*j_tile + 20)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 21) = &
-                  & merge(scale * qk_0_21b, neg_inf, 8*i_tile >= 32*j_tile + 21)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 22) = &
-                  & merge(scale * qk_0_22b, neg_inf, 8*i_tile >= 32*j_tile + 22)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 23) = &
-                  & merge(scale * qk_0_23b, neg_inf, 8*i_tile >= 32*j_tile + 23)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 24) = &
-                  & merge(scale * qk_0_24b, neg_inf, 8*i_tile >= 32*j_tile + 24)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 25) = &
-                  & merge(scale * qk_0_25b, neg_inf, 8*i_tile >= 32*j_tile + 25)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 26) = &
-                  & merge(scale * qk_0_26b, neg_inf, 8*i_tile >= 32*j_tile + 26)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 27) = &
-                  & merge(scale * qk_0_27b, neg_inf, 8*i_tile >= 32*j_tile + 27)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 28) = &
-                  & merge(scale * qk_0_28b, neg_inf, 8*i_tile >= 32*j_tile + 28)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 29) = &
-                  & merge(scale * qk_0_29b, neg_inf, 8*i_tile >= 32*j_tile + 29)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 30) = &
-                  & merge(scale * qk_0_30b, neg_inf, 8*i_tile >= 32*j_tile + 30)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 31) = &
-                  & merge(scale * qk_0_31b, neg_inf, 8*i_tile >= 32*j_tile + 31)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 64) = &
-                  & merge(scale * qk_1_0b, neg_inf, 8*i_tile + 1 >= 32*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 65) = &
-                  & merge(scale * qk_1_1b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 66) = &
-                  & merge(scale * qk_1_2b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 67) = &
-                  & merge(scale * qk_1_3b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 68) = &
-                  & merge(scale * qk_1_4b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 69) = &
-                  & merge(scale * qk_1_5b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 70) = &
-                  & merge(scale * qk_1_6b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 71) = &
-                  & merge(scale * qk_1_7b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 72) = &
-                  & merge(scale * qk_1_8b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 73) = &
-                  & merge(scale * qk_1_9b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 74) = &
-                  & merge(scale * qk_1_10b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 75) = &
-                  & merge(scale * qk_1_11b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 76) = &
-                  & merge(scale * qk_1_12b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 77) = &
-                  & merge(scale * qk_1_13b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 78) = &
-                  & merge(scale * qk_1_14b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 79) = &
-                  & merge(scale * qk_1_15b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 80) = &
-                  & merge(scale * qk_1_16b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 16)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 81) = &
-                  & merge(scale * qk_1_17b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 17)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 82) = &
-                  & merge(scale * qk_1_18b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 18)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 83) = &
-                  & merge(scale * qk_1_19b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 19)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 84) = &
-                  & merge(scale * qk_1_20b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 20)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 85) = &
-                  & merge(scale * qk_1_21b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 21)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 86) = &
-                  & merge(scale * qk_1_22b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 22)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 87) = &
-                  & merge(scale * qk_1_23b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 23)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 88) = &
-                  & merge(scale * qk_1_24b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 24)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 89) = &
-                  & merge(scale * qk_1_25b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 25)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 90) = &
-                  & merge(scale * qk_1_26b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 26)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 91) = &
-                  & merge(scale * qk_1_27b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 27)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 92) = &
-                  & merge(scale * qk_1_28b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 28)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 93) = &
-                  & merge(scale * qk_1_29b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 29)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 94) = &
-                  & merge(scale * qk_1_30b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 30)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 95) = &
-                  & merge(scale * qk_1_31b, neg_inf, 8*i_tile + 1 >= 32*j_tile + 31)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 128) = &
-                  & merge(scale * qk_2_0b, neg_inf, 8*i_tile + 2 >= 32*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 129) = &
-                  & merge(scale * qk_2_1b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 130) = &
-                  & merge(scale * qk_2_2b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 131) = &
-                  & merge(scale * qk_2_3b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 132) = &
-                  & merge(scale * qk_2_4b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 133) = &
-                  & merge(scale * qk_2_5b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 134) = &
-                  & merge(scale * qk_2_6b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 135) = &
-                  & merge(scale * qk_2_7b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 136) = &
-                  & merge(scale * qk_2_8b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 137) = &
-                  & merge(scale * qk_2_9b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 138) = &
-                  & merge(scale * qk_2_10b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 139) = &
-                  & merge(scale * qk_2_11b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 140) = &
-                  & merge(scale * qk_2_12b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 141) = &
-                  & merge(scale * qk_2_13b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 142) = &
-                  & merge(scale * qk_2_14b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 143) = &
-                  & merge(scale * qk_2_15b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 144) = &
-                  & merge(scale * qk_2_16b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 16)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 145) = &
-                  & merge(scale * qk_2_17b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 17)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 146) = &
-                  & merge(scale * qk_2_18b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 18)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 147) = &
-                  & merge(scale * qk_2_19b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 19)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 148) = &
-                  & merge(scale * qk_2_20b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 20)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 149) = &
-                  & merge(scale * qk_2_21b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 21)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 150) = &
-                  & merge(scale * qk_2_22b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 22)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 151) = &
-                  & merge(scale * qk_2_23b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 23)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 152) = &
-                  & merge(scale * qk_2_24b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 24)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 153) = &
-                  & merge(scale * qk_2_25b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 25)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 154) = &
-                  & merge(scale * qk_2_26b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 26)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 155) = &
-                  & merge(scale * qk_2_27b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 27)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 156) = &
-                  & merge(scale * qk_2_28b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 28)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 157) = &
-                  & merge(scale * qk_2_29b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 29)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 158) = &
-                  & merge(scale * qk_2_30b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 30)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 159) = &
-                  & merge(scale * qk_2_31b, neg_inf, 8*i_tile + 2 >= 32*j_tile + 31)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 192) = &
-                  & merge(scale * qk_3_0b, neg_inf, 8*i_tile + 3 >= 32*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 193) = &
-                  & merge(scale * qk_3_1b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 194) = &
-                  & merge(scale * qk_3_2b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 195) = &
-                  & merge(scale * qk_3_3b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 196) = &
-                  & merge(scale * qk_3_4b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 197) = &
-                  & merge(scale * qk_3_5b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 198) = &
-                  & merge(scale * qk_3_6b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 199) = &
-                  & merge(scale * qk_3_7b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 200) = &
-                  & merge(scale * qk_3_8b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 201) = &
-                  & merge(scale * qk_3_9b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 202) = &
-                  & merge(scale * qk_3_10b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 203) = &
-                  & merge(scale * qk_3_11b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 204) = &
-                  & merge(scale * qk_3_12b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 205) = &
-                  & merge(scale * qk_3_13b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 206) = &
-                  & merge(scale * qk_3_14b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 207) = &
-                  & merge(scale * qk_3_15b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 208) = &
-                  & merge(scale * qk_3_16b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 16)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 209) = &
-                  & merge(scale * qk_3_17b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 17)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 210) = &
-                  & merge(scale * qk_3_18b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 18)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 211) = &
-                  & merge(scale * qk_3_19b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 19)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 212) = &
-                  & merge(scale * qk_3_20b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 20)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 213) = &
-                  & merge(scale * qk_3_21b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 21)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 214) = &
-                  & merge(scale * qk_3_22b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 22)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 215) = &
-                  & merge(scale * qk_3_23b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 23)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 216) = &
-                  & merge(scale * qk_3_24b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 24)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 217) = &
-                  & merge(scale * qk_3_25b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 25)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 218) = &
-                  & merge(scale * qk_3_26b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 26)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 219) = &
-                  & merge(scale * qk_3_27b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 27)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 220) = &
-                  & merge(scale * qk_3_28b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 28)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 221) = &
-                  & merge(scale * qk_3_29b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 29)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 222) = &
-                  & merge(scale * qk_3_30b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 30)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 223) = &
-                  & merge(scale * qk_3_31b, neg_inf, 8*i_tile + 3 >= 32*j_tile + 31)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 256) = &
-                  & merge(scale * qk_4_0b, neg_inf, 8*i_tile + 4 >= 32*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 257) = &
-                  & merge(scale * qk_4_1b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 258) = &
-                  & merge(scale * qk_4_2b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 259) = &
-                  & merge(scale * qk_4_3b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 260) = &
-                  & merge(scale * qk_4_4b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 261) = &
-                  & merge(scale * qk_4_5b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 262) = &
-                  & merge(scale * qk_4_6b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 263) = &
-                  & merge(scale * qk_4_7b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 264) = &
-                  & merge(scale * qk_4_8b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 265) = &
-                  & merge(scale * qk_4_9b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 266) = &
-                  & merge(scale * qk_4_10b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 267) = &
-                  & merge(scale * qk_4_11b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 268) = &
-                  & merge(scale * qk_4_12b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 269) = &
-                  & merge(scale * qk_4_13b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 270) = &
-                  & merge(scale * qk_4_14b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 271) = &
-                  & merge(scale * qk_4_15b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 272) = &
-                  & merge(scale * qk_4_16b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 16)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 273) = &
-                  & merge(scale * qk_4_17b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 17)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 274) = &
-                  & merge(scale * qk_4_18b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 18)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 275) = &
-                  & merge(scale * qk_4_19b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 19)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 276) = &
-                  & merge(scale * qk_4_20b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 20)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 277) = &
-                  & merge(scale * qk_4_21b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 21)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 278) = &
-                  & merge(scale * qk_4_22b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 22)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 279) = &
-                  & merge(scale * qk_4_23b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 23)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 280) = &
-                  & merge(scale * qk_4_24b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 24)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 281) = &
-                  & merge(scale * qk_4_25b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 25)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 282) = &
-                  & merge(scale * qk_4_26b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 26)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 283) = &
-                  & merge(scale * qk_4_27b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 27)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 284) = &
-                  & merge(scale * qk_4_28b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 28)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 285) = &
-                  & merge(scale * qk_4_29b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 29)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 286) = &
-                  & merge(scale * qk_4_30b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 30)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 287) = &
-                  & merge(scale * qk_4_31b, neg_inf, 8*i_tile + 4 >= 32*j_tile + 31)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 320) = &
-                  & merge(scale * qk_5_0b, neg_inf, 8*i_tile + 5 >= 32*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 321) = &
-                  & merge(scale * qk_5_1b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 322) = &
-                  & merge(scale * qk_5_2b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 323) = &
-                  & merge(scale * qk_5_3b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 324) = &
-                  & merge(scale * qk_5_4b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 325) = &
-                  & merge(scale * qk_5_5b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 326) = &
-                  & merge(scale * qk_5_6b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 327) = &
-                  & merge(scale * qk_5_7b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 328) = &
-                  & merge(scale * qk_5_8b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 329) = &
-                  & merge(scale * qk_5_9b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 330) = &
-                  & merge(scale * qk_5_10b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 331) = &
-                  & merge(scale * qk_5_11b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 332) = &
-                  & merge(scale * qk_5_12b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 333) = &
-                  & merge(scale * qk_5_13b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 334) = &
-                  & merge(scale * qk_5_14b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 335) = &
-                  & merge(scale * qk_5_15b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 336) = &
-                  & merge(scale * qk_5_16b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 16)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 337) = &
-                  & merge(scale * qk_5_17b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 17)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 338) = &
-                  & merge(scale * qk_5_18b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 18)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 339) = &
-                  & merge(scale * qk_5_19b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 19)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 340) = &
-                  & merge(scale * qk_5_20b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 20)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 341) = &
-                  & merge(scale * qk_5_21b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 21)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 342) = &
-                  & merge(scale * qk_5_22b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 22)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 343) = &
-                  & merge(scale * qk_5_23b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 23)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 344) = &
-                  & merge(scale * qk_5_24b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 24)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 345) = &
-                  & merge(scale * qk_5_25b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 25)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 346) = &
-                  & merge(scale * qk_5_26b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 26)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 347) = &
-                  & merge(scale * qk_5_27b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 27)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 348) = &
-                  & merge(scale * qk_5_28b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 28)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 349) = &
-                  & merge(scale * qk_5_29b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 29)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 350) = &
-                  & merge(scale * qk_5_30b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 30)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 351) = &
-                  & merge(scale * qk_5_31b, neg_inf, 8*i_tile + 5 >= 32*j_tile + 31)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 384) = &
-                  & merge(scale * qk_6_0b, neg_inf, 8*i_tile + 6 >= 32*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 385) = &
-                  & merge(scale * qk_6_1b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 386) = &
-                  & merge(scale * qk_6_2b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 387) = &
-                  & merge(scale * qk_6_3b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 388) = &
-                  & merge(scale * qk_6_4b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 389) = &
-                  & merge(scale * qk_6_5b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 390) = &
-                  & merge(scale * qk_6_6b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 391) = &
-                  & merge(scale * qk_6_7b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 392) = &
-                  & merge(scale * qk_6_8b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 393) = &
-                  & merge(scale * qk_6_9b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 394) = &
-                  & merge(scale * qk_6_10b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 395) = &
-                  & merge(scale * qk_6_11b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 396) = &
-                  & merge(scale * qk_6_12b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 397) = &
-                  & merge(scale * qk_6_13b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 398) = &
-                  & merge(scale * qk_6_14b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 399) = &
-                  & merge(scale * qk_6_15b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 400) = &
-                  & merge(scale * qk_6_16b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 16)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 401) = &
-                  & merge(scale * qk_6_17b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 17)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 402) = &
-                  & merge(scale * qk_6_18b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 18)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 403) = &
-                  & merge(scale * qk_6_19b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 19)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 404) = &
-                  & merge(scale * qk_6_20b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 20)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 405) = &
-                  & merge(scale * qk_6_21b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 21)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 406) = &
-                  & merge(scale * qk_6_22b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 22)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 407) = &
-                  & merge(scale * qk_6_23b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 23)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 408) = &
-                  & merge(scale * qk_6_24b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 24)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 409) = &
-                  & merge(scale * qk_6_25b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 25)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 410) = &
-                  & merge(scale * qk_6_26b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 26)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 411) = &
-                  & merge(scale * qk_6_27b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 27)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 412) = &
-                  & merge(scale * qk_6_28b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 28)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 413) = &
-                  & merge(scale * qk_6_29b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 29)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 414) = &
-                  & merge(scale * qk_6_30b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 30)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 415) = &
-                  & merge(scale * qk_6_31b, neg_inf, 8*i_tile + 6 >= 32*j_tile + 31)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 448) = &
-                  & merge(scale * qk_7_0b, neg_inf, 8*i_tile + 7 >= 32*j_tile)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 449) = &
-                  & merge(scale * qk_7_1b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 1)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 450) = &
-                  & merge(scale * qk_7_2b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 2)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 451) = &
-                  & merge(scale * qk_7_3b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 3)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 452) = &
-                  & merge(scale * qk_7_4b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 4)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 453) = &
-                  & merge(scale * qk_7_5b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 5)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 454) = &
-                  & merge(scale * qk_7_6b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 6)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 455) = &
-                  & merge(scale * qk_7_7b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 7)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 456) = &
-                  & merge(scale * qk_7_8b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 8)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 457) = &
-                  & merge(scale * qk_7_9b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 9)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 458) = &
-                  & merge(scale * qk_7_10b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 10)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 459) = &
-                  & merge(scale * qk_7_11b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 11)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 460) = &
-                  & merge(scale * qk_7_12b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 12)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 461) = &
-                  & merge(scale * qk_7_13b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 13)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 462) = &
-                  & merge(scale * qk_7_14b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 14)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 463) = &
-                  & merge(scale * qk_7_15b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 15)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 464) = &
-                  & merge(scale * qk_7_16b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 16)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 465) = &
-                  & merge(scale * qk_7_17b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 17)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 466) = &
-                  & merge(scale * qk_7_18b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 18)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 467) = &
-                  & merge(scale * qk_7_19b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 19)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 468) = &
-                  & merge(scale * qk_7_20b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 20)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 469) = &
-                  & merge(scale * qk_7_21b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 21)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 470) = &
-                  & merge(scale * qk_7_22b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 22)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 471) = &
-                  & merge(scale * qk_7_23b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 23)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 472) = &
-                  & merge(scale * qk_7_24b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 24)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 473) = &
-                  & merge(scale * qk_7_25b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 25)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 474) = &
-                  & merge(scale * qk_7_26b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 26)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 475) = &
-                  & merge(scale * qk_7_27b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 27)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 476) = &
-                  & merge(scale * qk_7_28b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 28)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 477) = &
-                  & merge(scale * qk_7_29b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 29)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 478) = &
-                  & merge(scale * qk_7_30b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 30)
-              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 479) = &
-                  & merge(scale * qk_7_31b, neg_inf, 8*i_tile + 7 >= 32*j_tile + 31)
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h)) = scale * qk_0_0b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 1) = scale * &
+                  & qk_0_1b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 2) = scale * &
+                  & qk_0_2b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 3) = scale * &
+                  & qk_0_3b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 4) = scale * &
+                  & qk_0_4b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 5) = scale * &
+                  & qk_0_5b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 6) = scale * &
+                  & qk_0_6b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 7) = scale * &
+                  & qk_0_7b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 8) = scale * &
+                  & qk_0_8b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 9) = scale * &
+                  & qk_0_9b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 10) = scale * &
+                  & qk_0_10b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 11) = scale * &
+                  & qk_0_11b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 12) = scale * &
+                  & qk_0_12b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 13) = scale * &
+                  & qk_0_13b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 14) = scale * &
+                  & qk_0_14b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 15) = scale * &
+                  & qk_0_15b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 16) = scale * &
+                  & qk_0_16b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 17) = scale * &
+                  & qk_0_17b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 18) = scale * &
+                  & qk_0_18b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 19) = scale * &
+                  & qk_0_19b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 20) = scale * &
+                  & qk_0_20b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 21) = scale * &
+                  & qk_0_21b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 22) = scale * &
+                  & qk_0_22b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 23) = scale * &
+                  & qk_0_23b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 24) = scale * &
+                  & qk_0_24b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 25) = scale * &
+                  & qk_0_25b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 26) = scale * &
+                  & qk_0_26b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 27) = scale * &
+                  & qk_0_27b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 28) = scale * &
+                  & qk_0_28b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 29) = scale * &
+                  & qk_0_29b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 30) = scale * &
+                  & qk_0_30b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 31) = scale * &
+                  & qk_0_31b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 64) = scale * &
+                  & qk_1_0b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 65) = scale * &
+                  & qk_1_1b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 66) = scale * &
+                  & qk_1_2b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 67) = scale * &
+                  & qk_1_3b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 68) = scale * &
+                  & qk_1_4b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 69) = scale * &
+                  & qk_1_5b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 70) = scale * &
+                  & qk_1_6b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 71) = scale * &
+                  & qk_1_7b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 72) = scale * &
+                  & qk_1_8b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 73) = scale * &
+                  & qk_1_9b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 74) = scale * &
+                  & qk_1_10b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 75) = scale * &
+                  & qk_1_11b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 76) = scale * &
+                  & qk_1_12b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 77) = scale * &
+                  & qk_1_13b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 78) = scale * &
+                  & qk_1_14b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 79) = scale * &
+                  & qk_1_15b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 80) = scale * &
+                  & qk_1_16b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 81) = scale * &
+                  & qk_1_17b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 82) = scale * &
+                  & qk_1_18b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 83) = scale * &
+                  & qk_1_19b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 84) = scale * &
+                  & qk_1_20b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 85) = scale * &
+                  & qk_1_21b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 86) = scale * &
+                  & qk_1_22b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 87) = scale * &
+                  & qk_1_23b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 88) = scale * &
+                  & qk_1_24b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 89) = scale * &
+                  & qk_1_25b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 90) = scale * &
+                  & qk_1_26b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 91) = scale * &
+                  & qk_1_27b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 92) = scale * &
+                  & qk_1_28b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 93) = scale * &
+                  & qk_1_29b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 94) = scale * &
+                  & qk_1_30b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 95) = scale * &
+                  & qk_1_31b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 128) = scale * &
+                  & qk_2_0b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 129) = scale * &
+                  & qk_2_1b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 130) = scale * &
+                  & qk_2_2b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 131) = scale * &
+                  & qk_2_3b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 132) = scale * &
+                  & qk_2_4b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 133) = scale * &
+                  & qk_2_5b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 134) = scale * &
+                  & qk_2_6b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 135) = scale * &
+                  & qk_2_7b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 136) = scale * &
+                  & qk_2_8b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 137) = scale * &
+                  & qk_2_9b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 138) = scale * &
+                  & qk_2_10b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 139) = scale * &
+                  & qk_2_11b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 140) = scale * &
+                  & qk_2_12b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 141) = scale * &
+                  & qk_2_13b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 142) = scale * &
+                  & qk_2_14b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 143) = scale * &
+                  & qk_2_15b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 144) = scale * &
+                  & qk_2_16b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 145) = scale * &
+                  & qk_2_17b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 146) = scale * &
+                  & qk_2_18b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 147) = scale * &
+                  & qk_2_19b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 148) = scale * &
+                  & qk_2_20b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 149) = scale * &
+                  & qk_2_21b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 150) = scale * &
+                  & qk_2_22b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 151) = scale * &
+                  & qk_2_23b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 152) = scale * &
+                  & qk_2_24b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 153) = scale * &
+                  & qk_2_25b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 154) = scale * &
+                  & qk_2_26b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 155) = scale * &
+                  & qk_2_27b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 156) = scale * &
+                  & qk_2_28b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 157) = scale * &
+                  & qk_2_29b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 158) = scale * &
+                  & qk_2_30b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 159) = scale * &
+                  & qk_2_31b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 192) = scale * &
+                  & qk_3_0b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 193) = scale * &
+                  & qk_3_1b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 194) = scale * &
+                  & qk_3_2b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 195) = scale * &
+                  & qk_3_3b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 196) = scale * &
+                  & qk_3_4b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 197) = scale * &
+                  & qk_3_5b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 198) = scale * &
+                  & qk_3_6b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 199) = scale * &
+                  & qk_3_7b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 200) = scale * &
+                  & qk_3_8b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 201) = scale * &
+                  & qk_3_9b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 202) = scale * &
+                  & qk_3_10b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 203) = scale * &
+                  & qk_3_11b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 204) = scale * &
+                  & qk_3_12b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 205) = scale * &
+                  & qk_3_13b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 206) = scale * &
+                  & qk_3_14b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 207) = scale * &
+                  & qk_3_15b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 208) = scale * &
+                  & qk_3_16b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 209) = scale * &
+                  & qk_3_17b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 210) = scale * &
+                  & qk_3_18b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 211) = scale * &
+                  & qk_3_19b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 212) = scale * &
+                  & qk_3_20b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 213) = scale * &
+                  & qk_3_21b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 214) = scale * &
+                  & qk_3_22b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 215) = scale * &
+                  & qk_3_23b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 216) = scale * &
+                  & qk_3_24b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 217) = scale * &
+                  & qk_3_25b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 218) = scale * &
+                  & qk_3_26b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 219) = scale * &
+                  & qk_3_27b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 220) = scale * &
+                  & qk_3_28b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 221) = scale * &
+                  & qk_3_29b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 222) = scale * &
+                  & qk_3_30b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 223) = scale * &
+                  & qk_3_31b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 256) = scale * &
+                  & qk_4_0b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 257) = scale * &
+                  & qk_4_1b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 258) = scale * &
+                  & qk_4_2b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 259) = scale * &
+                  & qk_4_3b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 260) = scale * &
+                  & qk_4_4b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 261) = scale * &
+                  & qk_4_5b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 262) = scale * &
+                  & qk_4_6b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 263) = scale * &
+                  & qk_4_7b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 264) = scale * &
+                  & qk_4_8b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 265) = scale * &
+                  & qk_4_9b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 266) = scale * &
+                  & qk_4_10b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 267) = scale * &
+                  & qk_4_11b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 268) = scale * &
+                  & qk_4_12b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 269) = scale * &
+                  & qk_4_13b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 270) = scale * &
+                  & qk_4_14b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 271) = scale * &
+                  & qk_4_15b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 272) = scale * &
+                  & qk_4_16b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 273) = scale * &
+                  & qk_4_17b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 274) = scale * &
+                  & qk_4_18b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 275) = scale * &
+                  & qk_4_19b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 276) = scale * &
+                  & qk_4_20b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 277) = scale * &
+                  & qk_4_21b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 278) = scale * &
+                  & qk_4_22b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 279) = scale * &
+                  & qk_4_23b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 280) = scale * &
+                  & qk_4_24b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 281) = scale * &
+                  & qk_4_25b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 282) = scale * &
+                  & qk_4_26b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 283) = scale * &
+                  & qk_4_27b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 284) = scale * &
+                  & qk_4_28b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 285) = scale * &
+                  & qk_4_29b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 286) = scale * &
+                  & qk_4_30b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 287) = scale * &
+                  & qk_4_31b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 320) = scale * &
+                  & qk_5_0b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 321) = scale * &
+                  & qk_5_1b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 322) = scale * &
+                  & qk_5_2b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 323) = scale * &
+                  & qk_5_3b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 324) = scale * &
+                  & qk_5_4b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 325) = scale * &
+                  & qk_5_5b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 326) = scale * &
+                  & qk_5_6b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 327) = scale * &
+                  & qk_5_7b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 328) = scale * &
+                  & qk_5_8b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 329) = scale * &
+                  & qk_5_9b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 330) = scale * &
+                  & qk_5_10b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 331) = scale * &
+                  & qk_5_11b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 332) = scale * &
+                  & qk_5_12b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 333) = scale * &
+                  & qk_5_13b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 334) = scale * &
+                  & qk_5_14b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 335) = scale * &
+                  & qk_5_15b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 336) = scale * &
+                  & qk_5_16b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 337) = scale * &
+                  & qk_5_17b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 338) = scale * &
+                  & qk_5_18b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 339) = scale * &
+                  & qk_5_19b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 340) = scale * &
+                  & qk_5_20b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 341) = scale * &
+                  & qk_5_21b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 342) = scale * &
+                  & qk_5_22b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 343) = scale * &
+                  & qk_5_23b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 344) = scale * &
+                  & qk_5_24b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 345) = scale * &
+                  & qk_5_25b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 346) = scale * &
+                  & qk_5_26b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 347) = scale * &
+                  & qk_5_27b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 348) = scale * &
+                  & qk_5_28b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 349) = scale * &
+                  & qk_5_29b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 350) = scale * &
+                  & qk_5_30b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 351) = scale * &
+                  & qk_5_31b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 384) = scale * &
+                  & qk_6_0b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 385) = scale * &
+                  & qk_6_1b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 386) = scale * &
+                  & qk_6_2b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 387) = scale * &
+                  & qk_6_3b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 388) = scale * &
+                  & qk_6_4b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 389) = scale * &
+                  & qk_6_5b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 390) = scale * &
+                  & qk_6_6b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 391) = scale * &
+                  & qk_6_7b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 392) = scale * &
+                  & qk_6_8b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 393) = scale * &
+                  & qk_6_9b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 394) = scale * &
+                  & qk_6_10b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 395) = scale * &
+                  & qk_6_11b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 396) = scale * &
+                  & qk_6_12b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 397) = scale * &
+                  & qk_6_13b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 398) = scale * &
+                  & qk_6_14b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 399) = scale * &
+                  & qk_6_15b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 400) = scale * &
+                  & qk_6_16b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 401) = scale * &
+                  & qk_6_17b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 402) = scale * &
+                  & qk_6_18b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 403) = scale * &
+                  & qk_6_19b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 404) = scale * &
+                  & qk_6_20b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 405) = scale * &
+                  & qk_6_21b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 406) = scale * &
+                  & qk_6_22b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 407) = scale * &
+                  & qk_6_23b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 408) = scale * &
+                  & qk_6_24b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 409) = scale * &
+                  & qk_6_25b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 410) = scale * &
+                  & qk_6_26b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 411) = scale * &
+                  & qk_6_27b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 412) = scale * &
+                  & qk_6_28b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 413) = scale * &
+                  & qk_6_29b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 414) = scale * &
+                  & qk_6_30b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 415) = scale * &
+                  & qk_6_31b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 448) = scale * &
+                  & qk_7_0b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 449) = scale * &
+                  & qk_7_1b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 450) = scale * &
+                  & qk_7_2b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 451) = scale * &
+                  & qk_7_3b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 452) = scale * &
+                  & qk_7_4b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 453) = scale * &
+                  & qk_7_5b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 454) = scale * &
+                  & qk_7_6b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 455) = scale * &
+                  & qk_7_7b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 456) = scale * &
+                  & qk_7_8b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 457) = scale * &
+                  & qk_7_9b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 458) = scale * &
+                  & qk_7_10b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 459) = scale * &
+                  & qk_7_11b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 460) = scale * &
+                  & qk_7_12b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 461) = scale * &
+                  & qk_7_13b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 462) = scale * &
+                  & qk_7_14b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 463) = scale * &
+                  & qk_7_15b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 464) = scale * &
+                  & qk_7_16b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 465) = scale * &
+                  & qk_7_17b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 466) = scale * &
+                  & qk_7_18b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 467) = scale * &
+                  & qk_7_19b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 468) = scale * &
+                  & qk_7_20b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 469) = scale * &
+                  & qk_7_21b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 470) = scale * &
+                  & qk_7_22b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 471) = scale * &
+                  & qk_7_23b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 472) = scale * &
+                  & qk_7_24b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 473) = scale * &
+                  & qk_7_25b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 474) = scale * &
+                  & qk_7_26b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 475) = scale * &
+                  & qk_7_27b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 476) = scale * &
+                  & qk_7_28b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 477) = scale * &
+                  & qk_7_29b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 478) = scale * &
+                  & qk_7_30b
+              attn_probs(512*i_tile - 64*j_blk + 32*j_tile + 64*n*(b*heads + h) + 479) = scale * &
+                  & qk_7_31b
             end do
             do j = 32*((min(n, 64*j_blk + 64)) / 32), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
@@ -9753,22 +9745,14 @@ contains
                 qk_6 = qk_6 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 6)) * K(K_row + c)
                 qk_7 = qk_7 + Q(c + dh*(8*i_tile + n*(b*heads + h) + 7)) * K(K_row + c)
               end do
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = merge(scale * qk_0, &
-                  & neg_inf, 8*i_tile >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = merge(scale * &
-                  & qk_1, neg_inf, 8*i_tile + 1 >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = merge(scale * &
-                  & qk_2, neg_inf, 8*i_tile + 2 >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = merge(scale * &
-                  & qk_3, neg_inf, 8*i_tile + 3 >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = merge(scale * &
-                  & qk_4, neg_inf, 8*i_tile + 4 >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = merge(scale * &
-                  & qk_5, neg_inf, 8*i_tile + 5 >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = merge(scale * &
-                  & qk_6, neg_inf, 8*i_tile + 6 >= j)
-              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = merge(scale * &
-                  & qk_7, neg_inf, 8*i_tile + 7 >= j)
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = scale * qk_4
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = scale * qk_5
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = scale * qk_6
+              attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = scale * qk_7
             end do
             block_max_0 = neg_inf
             block_max_1 = neg_inf
@@ -9781,22 +9765,22 @@ contains
             !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3, &
             !$omp& block_max_4, block_max_5, block_max_6, block_max_7)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max_0 = max(block_max_0, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h)))
-              block_max_1 = max(block_max_1, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 64))
-              block_max_2 = max(block_max_2, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 128))
-              block_max_3 = max(block_max_3, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 192))
-              block_max_4 = max(block_max_4, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 256))
-              block_max_5 = max(block_max_5, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 320))
-              block_max_6 = max(block_max_6, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 384))
-              block_max_7 = max(block_max_7, attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads &
-                  & + h) + 448))
+              block_max_0 = max(block_max_0, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h)), neg_inf, 8*i_tile >= j))
+              block_max_1 = max(block_max_1, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 64), neg_inf, 8*i_tile + 1 >= j))
+              block_max_2 = max(block_max_2, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 128), neg_inf, 8*i_tile + 2 >= j))
+              block_max_3 = max(block_max_3, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 192), neg_inf, 8*i_tile + 3 >= j))
+              block_max_4 = max(block_max_4, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 256), neg_inf, 8*i_tile + 4 >= j))
+              block_max_5 = max(block_max_5, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 320), neg_inf, 8*i_tile + 5 >= j))
+              block_max_6 = max(block_max_6, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 384), neg_inf, 8*i_tile + 6 >= j))
+              block_max_7 = max(block_max_7, merge(attn_probs(512*i_tile + j - 64*j_blk + &
+                  & 64*n*(b*heads + h) + 448), neg_inf, 8*i_tile + 7 >= j))
             end do
             new_max_0 = max(row_max_0, block_max_0)
             new_max_1 = max(row_max_1, block_max_1)
@@ -9817,27 +9801,29 @@ contains
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - &
+                  & new_max_0), 0.0_c_float, 8*i_tile >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - &
+                  & new_max_1), 0.0_c_float, 8*i_tile + 1 >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
-                  & new_max_2)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
+                  & new_max_2), 0.0_c_float, 8*i_tile + 2 >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
-                  & new_max_3)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
+                  & new_max_3), 0.0_c_float, 8*i_tile + 3 >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) - &
-                  & new_max_4)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 256) - &
+                  & new_max_4), 0.0_c_float, 8*i_tile + 4 >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) - &
-                  & new_max_5)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 320) - &
+                  & new_max_5), 0.0_c_float, 8*i_tile + 5 >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) - &
-                  & new_max_6)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 384) - &
+                  & new_max_6), 0.0_c_float, 8*i_tile + 6 >= j)
               attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) = &
-                  & exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) - &
-                  & new_max_7)
+                  & merge(exp(attn_probs(512*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 448) - &
+                  & new_max_7), 0.0_c_float, 8*i_tile + 7 >= j)
             end do
             block_sum_0 = 0.0_c_float
             block_sum_1 = 0.0_c_float
@@ -11055,20 +11041,20 @@ contains
               do c = 0, dh - 1
                 qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(K_row + c)
               end do
-              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = merge(scale * qk, neg_inf, i &
-                  & >= j)
+              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
             end do
             block_max = neg_inf
             !$omp simd reduction(max:block_max)
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              block_max = max(block_max, attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)))
+              block_max = max(block_max, merge(attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + &
+                  & h)), neg_inf, i >= j))
             end do
             new_max = max(row_max, block_max)
             rescale = exp(row_max - new_max)
             !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = exp(attn_probs(64*i + j - &
-                  & 64*j_blk + 64*n*(b*heads + h)) - new_max)
+              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = merge(exp(attn_probs(64*i + &
+                  & j - 64*j_blk + 64*n*(b*heads + h)) - new_max), 0.0_c_float, i >= j)
             end do
             block_sum = 0.0_c_float
             !$omp simd reduction(+:block_sum)

@@ -2,6 +2,8 @@
 each step promises, the values the flash variant and the fused owner keep (the ONF
 interpreter against numpy, plain and causal, at sizes with and without leftover keys, rows
 and columns), and what each refuses."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import sympy
@@ -67,9 +69,20 @@ def test_causal_blocks_split_at_the_diagonal_and_keep_the_value(n):
     # seen at all at (4 i_tile + 3) // 64 + 1
     assert str(below.stop) == str(diagonal.start) == "idiv(4*i_tile + 1, 64)"
     assert "idiv(4*i_tile + 3, 64) + 1" in str(diagonal.stop)
-    masked = lambda loop: any(isinstance(e, S.Select) for s in walk(loop.body)
-                              if isinstance(s, Store) for e in S.subexpressions(s.value))
-    assert not masked(below) and masked(diagonal)
+    selects = lambda stmts: [e for s in stmts if isinstance(s, (Store, Update))
+                             for e in S.subexpressions(s.value) if isinstance(e, S.Select)]
+    assert not selects(walk(below.body))
+    # the diagonal blocks store the scores unmasked (a register tile later) and mask them
+    # where they are read: in the block max, and around the exponentials (exp(x - m) or 0)
+    key_loops = [s for s in diagonal.body if isinstance(s, Loop) and s.var.name == "j"]
+    scores, maxes, exps = key_loops[:3]
+    assert not selects(walk(scores.body))
+    assert len(selects(maxes.body)) == 4 and all(
+        e.other == S.Num(float("-inf")) for e in selects(maxes.body))
+    exp_selects = selects(exps.body)
+    assert len(exp_selects) == 4 and all(
+        e.other == S.Num(0.0) and isinstance(e.then, S.Un) and e.then.fn == "exp"
+        for e in exp_selects)
     arrays = _attention(n, 4)
     got = run_onf(onf, arrays, {"scale": 0.5})
     want_o, want_lse = reference.attention_fwd_numpy(arrays["Q"], arrays["K"], arrays["V"],
@@ -183,3 +196,19 @@ def test_refusals():
         # the plain kernel's ONF where the causal one has its CausalBlocks: the rows jammed
         jammed = get_kernel("attention_fwd").onf("flash", params={"rows": 4}, upto=6)
         CausalBlocks("rows")(jammed)
+    # a block max reading each row's scores one key over: the mask cannot follow the scores
+    jammed = get_kernel("attention_fwd_causal").onf("flash", params={"rows": 4}, upto=6)
+    with pytest.raises(ScheduleError, match="not where its masked scores are stored"):
+        CausalBlocks("rows")(_block_max_shifted(jammed))
+
+
+def _block_max_shifted(onf):
+    """onf with every block max reading the scratch scores at the next key."""
+    def shift(s):
+        if isinstance(s, Loop):
+            return replace(s, body=tuple(shift(b) for b in s.body))
+        if isinstance(s, Update) and s.op == "max" and isinstance(s.value, S.Access):
+            *outer, key = s.value.index
+            return replace(s, value=S.Access(s.value.array, (*outer, key + 1)))
+        return s
+    return onf.with_nests([replace(n, body=tuple(shift(b) for b in n.body)) for n in onf.nests])

@@ -12,12 +12,24 @@ where max_r is the tile's last row. A causal kernel then computes about half the
 The first block always holds key 0, which every row sees, so the running max is finite
 before any block is left out. The blocks before (min_r + 1) // B, whose keys every row of
 the tile sees, need no mask either: the loop is split there, and only the blocks on the
-diagonal select (a select per score also keeps the compiler from vectorizing a register
-tile of scores).
+diagonal select.
+
+The diagonal blocks select where the block's scores are read, not where they are stored:
+
+    P[r, j - B j_blk] = r >= j ? s : -inf          ->  P[r, j - B j_blk] = s
+    m max= P[r, j - B j_blk]                       ->  m max= (r >= j ? P[..] : -inf)
+    P[r, j - B j_blk] = exp(P[r, j - B j_blk] - m') ->  P[..] = (r >= j ? exp(P[..] - m') : 0)
+
+The scores are then a register tile like any other block's (a select per score keeps the
+compiler from vectorizing the tile: it takes every accumulator out of its vector register),
+the selects are vector compares in loops over the keys, and no exponential is taken of -inf
+(exp(-inf - m') = 0 for a finite m', which the running max is; a vector exponential takes
+its slow path for a lane of -inf). The values are the same, bit for bit.
 
 Checked: the loop over blocks holds the online softmax's block max (a max accumulated over
 the block's scores), and every score it stores is masked as `r >= j` with r free of the
-keys; the blocks are B keys from B * j_blk.
+keys; the blocks are B keys from B * j_blk; in a diagonal block every read of a masked
+score's element before the element is stored again is at the index the score was stored at.
 """
 from dataclasses import dataclass, replace
 
@@ -52,7 +64,8 @@ class CausalBlocks(Step):
     def _split(self, blocks, scope):
         first, last = self._bounds(blocks)
         return [replace(blocks, stop=first, body=tuple(_unmasked(blocks.body))),
-                replace(blocks, start=first, stop=last)]
+                replace(blocks, start=first, stop=last,
+                        body=_masked_where_read(blocks.body, {}, self))]
 
     def _bounds(self, blocks: Loop):
         """(the first block some row of the tile does not see whole, (min_r + 1) // B; the
@@ -111,3 +124,49 @@ def _unmasked(stmts):
             yield replace(s, body=tuple(_unmasked(s.body)))
         else:
             yield map_stmt_exprs(s, unmask)
+
+
+def _masked_where_read(stmts, masked, who):
+    """stmts (in order) with each masked score stored unmasked and masked where it is read
+    (the module's docstring); masked: (array, index) -> the mask of the score stored there
+    and not yet stored over, filled as the statements go."""
+    out = []
+    for s in stmts:
+        if isinstance(s, Loop):
+            out.append(replace(s, body=_masked_where_read(s.body, masked, who)))
+            continue
+        s = map_stmt_exprs(s, lambda e: _mask_reads(e, masked, who))
+        if isinstance(s, Store):
+            key = (s.array, tuple(s.index))
+            if isinstance(s.value, S.Select) and s.value.other == MASKED:
+                masked[key] = s.value.cond
+                s = replace(s, value=s.value.then)
+            elif key in masked:
+                del masked[key]  # stored over: its reads after here read the new value
+            elif any(array == s.array for array, _ in masked):
+                raise ScheduleError(f"{who}: {s.array} is stored at {s.index}, not where its "
+                                    "masked scores are: their masks cannot follow them")
+        out.append(s)
+    return tuple(out)
+
+
+def _mask_reads(e, masked, who):
+    """e with each read of a masked score's element masked (and an exponential of one as
+    _exp_of_masked takes it)."""
+    if isinstance(e, S.Access) and any(array == e.array for array, _ in masked):
+        cond = masked.get((e.array, tuple(e.index)))
+        if cond is None:
+            raise ScheduleError(f"{who}: {e.array} is read at {e.index}, not where its masked "
+                                "scores are stored: their masks cannot follow them")
+        return S.Select(cond, e, MASKED)
+    return _exp_of_masked(S.map_children(e, lambda c: _mask_reads(c, masked, who)))
+
+
+def _exp_of_masked(e):
+    """e, at its root, with exp((mask ? x : -inf) - m) taken as mask ? exp(x - m) : 0: the
+    same value for a finite m (the running max is), and no exponential of -inf."""
+    if (isinstance(e, S.Un) and e.fn == "exp" and isinstance(e.arg, S.Bin) and e.arg.op == "-"
+            and isinstance(e.arg.left, S.Select) and e.arg.left.other == MASKED):
+        shifted = S.Bin("-", e.arg.left.then, e.arg.right)
+        return S.Select(e.arg.left.cond, S.Un("exp", shifted), S.Num(0.0))
+    return e
