@@ -143,7 +143,7 @@ void attention_bwd_causal_flash_f64(
     }
     /* keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t2_block, t_block, dQ_part, Q_panel, dO_panel, delta
      * for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-     *     i_tile, i, c_tile / c (register tile), c (simd), i_tile (register tile), c
+     *     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i_tile (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -1007,6 +1007,7 @@ void attention_bwd_causal_flash_f64(
                                 dov_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 384] = dov_6;
                                 dov_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 448] = dov_7;
                             }
+                            #pragma omp simd
                             for (int64_t i = 16*(4*i_blk > ((8*j_in_tile + j_part) / 16) ? 4*i_blk : ((8*j_in_tile + j_part) / 16)); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                                 double qk_0 = qk_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
                                 double qk_1 = qk_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
@@ -2178,7 +2179,7 @@ void attention_bwd_causal_flash_f32(
     }
     /* keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t2_block, t_block, dQ_part, Q_panel, dO_panel, delta
      * for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-     *     i_tile, i, c_tile / c (register tile), c (simd), i_tile (register tile), c
+     *     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i_tile (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3042,6 +3043,7 @@ void attention_bwd_causal_flash_f32(
                                 dov_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 384] = dov_6;
                                 dov_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 448] = dov_7;
                             }
+                            #pragma omp simd
                             for (int64_t i = 16*(4*i_blk > ((8*j_in_tile + j_part) / 16) ? 4*i_blk : ((8*j_in_tile + j_part) / 16)); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                                 float qk_0 = qk_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
                                 float qk_1 = qk_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];

@@ -2226,7 +2226,7 @@ void attention_fwdbwd_causal_owner_f64(
     }
     /* keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, Q_panel, dO_panel, delta
      * for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-     *     i_tile, i, c_tile / c (register tile), c (simd), i_tile (register tile), c
+     *     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i_tile (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -3090,6 +3090,7 @@ void attention_fwdbwd_causal_owner_f64(
                                 dov_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 384] = dov_6;
                                 dov_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 448] = dov_7;
                             }
+                            #pragma omp simd
                             for (int64_t i = 16*(4*i_blk > ((8*j_in_tile + j_part) / 16) ? 4*i_blk : ((8*j_in_tile + j_part) / 16)); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                                 double qk_0b = qk_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
                                 double qk_1b = qk_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];
@@ -6310,7 +6311,7 @@ void attention_fwdbwd_causal_owner_f32(
     }
     /* keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, Q_panel, dO_panel, delta
      * for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-     *     i_tile, i, c_tile / c (register tile), c (simd), i_tile (register tile), c
+     *     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i_tile (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -7174,6 +7175,7 @@ void attention_fwdbwd_causal_owner_f32(
                                 dov_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 384] = dov_6;
                                 dov_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 448] = dov_7;
                             }
+                            #pragma omp simd
                             for (int64_t i = 16*(4*i_blk > ((8*j_in_tile + j_part) / 16) ? 4*i_blk : ((8*j_in_tile + j_part) / 16)); i < (n < 64*i_blk + 64 ? n : 64*i_blk + 64); ++i) {
                                 float qk_0b = qk_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h)];
                                 float qk_1b = qk_block[i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 64];

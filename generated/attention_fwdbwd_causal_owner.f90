@@ -3001,7 +3001,7 @@ contains
     !$omp end parallel do
     ! keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, Q_panel, dO_panel, delta
     ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-    !     i_tile, i, c_tile / c (register tile), c (simd), i_tile (register tile), c
+    !     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i_tile (register tile), c
     !$omp parallel do collapse(3) schedule(static) private(j_in_tile_blk, j_in_tile, c, i_blk, &
     !$omp& i_tile, i, c_tile, Q_row, dO_row, dQ_part_row0, dQ_part_row1, Q_row0, Q_row1, dO_row0, &
     !$omp& dO_row1, dQ_part_row, qk_0b_0, qk_0b_1, qk_0b_2, qk_0b_3, qk_0b_4, qk_0b_5, qk_0b_6, &
@@ -4718,6 +4718,7 @@ contains
                   dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 448) &
                       & = dov_7
                 end do
+                !$omp simd
                 do i = 16*max(4*i_blk, ((8*j_in_tile + j_part) / 16)), min(n, 64*i_blk + 64) - 1
                   qk_0b = qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h))
                   qk_1b = qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) &
@@ -9978,7 +9979,7 @@ contains
     !$omp end parallel do
     ! keys: writes dK, dV; reads K, V, Q, dO, lse; scratch qk_block, dov_block, t3_block, t2_block, dQ_part, Q_panel, dO_panel, delta
     ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-    !     i_tile, i, c_tile / c (register tile), c (simd), i_tile (register tile), c
+    !     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i_tile (register tile), c
     !$omp parallel do collapse(3) schedule(static) private(j_in_tile_blk, j_in_tile, c, i_blk, &
     !$omp& i_tile, i, c_tile, Q_row, dO_row, dQ_part_row0, dQ_part_row1, Q_row0, Q_row1, dO_row0, &
     !$omp& dO_row1, dQ_part_row, qk_0b_0, qk_0b_1, qk_0b_2, qk_0b_3, qk_0b_4, qk_0b_5, qk_0b_6, &
@@ -11695,6 +11696,7 @@ contains
                   dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + 448) &
                       & = dov_7
                 end do
+                !$omp simd
                 do i = 16*max(4*i_blk, ((8*j_in_tile + j_part) / 16)), min(n, 64*i_blk + 64) - 1
                   qk_0b = qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h))
                   qk_1b = qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) &

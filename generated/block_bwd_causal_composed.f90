@@ -2409,7 +2409,7 @@ contains
     !$omp end parallel do
     ! attn.keys: reads K, V, Q, lse; scratch dK, dV, attn_qk_block, attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, dattn, attn_delta
     ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-    !     i_tile, i, c_tile / c (register tile), c (simd), i_tile (register tile), c
+    !     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i_tile (register tile), c
     !$omp parallel do collapse(3) schedule(static) private(j_in_tile_blk, j_in_tile, c, i_blk, &
     !$omp& i_tile, i, c_tile, Q_row, dattn_row, attn_dQ_part_row0, attn_dQ_part_row1, Q_row0, &
     !$omp& Q_row1, dattn_row0, dattn_row1, attn_dQ_part_row, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
@@ -4127,6 +4127,7 @@ contains
                   attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
                       & 448) = dov_7
                 end do
+                !$omp simd
                 do i = 16*max(4*i_blk, ((8*j_in_tile + j_part) / 16)), min(n, 64*i_blk + 64) - 1
                   qk_0 = attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
                       & h))
@@ -11118,7 +11119,7 @@ contains
     !$omp end parallel do
     ! attn.keys: reads K, V, Q, lse; scratch dK, dV, attn_qk_block, attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, dattn, attn_delta
     ! for b, h, j_part (parallel) / j_in_tile_blk / j_in_tile, i_blk / c (simd), j_in_tile /
-    !     i_tile, i, c_tile / c (register tile), c (simd), i_tile (register tile), c
+    !     i_tile, i, i (simd), c_tile / c (register tile), c (simd), i_tile (register tile), c
     !$omp parallel do collapse(3) schedule(static) private(j_in_tile_blk, j_in_tile, c, i_blk, &
     !$omp& i_tile, i, c_tile, Q_row, dattn_row, attn_dQ_part_row0, attn_dQ_part_row1, Q_row0, &
     !$omp& Q_row1, dattn_row0, dattn_row1, attn_dQ_part_row, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
@@ -12836,6 +12837,7 @@ contains
                   attn_dov_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + h) + &
                       & 448) = dov_7
                 end do
+                !$omp simd
                 do i = 16*max(4*i_blk, ((8*j_in_tile + j_part) / 16)), min(n, 64*i_blk + 64) - 1
                   qk_0 = attn_qk_block(i - 64*i_blk + 512*j_in_tile + 64*j_part + 64*n*(b*heads + &
                       & h))

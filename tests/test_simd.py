@@ -67,6 +67,26 @@ def test_lanes_that_would_interfere_are_not_vectorized():
     assert not _one_loop(Store("y", (I,), x), Store("y", (I + 1,), x)).simd  # lanes overlap
 
 
+def test_rows_of_a_block_scratch_apart_by_the_blocks_length_are_vectorized():
+    """Two rows of a block's scratch, 64 apart, stored over the block's rows from 64 i_blk
+    or later (a causal block's rows past its keys: Max(64 i_blk, k)) to at most 64 i_blk +
+    64: at most 64 iterations, so the rows' ranges never meet. From k alone no such bound
+    holds, and the loop is left to the compiler."""
+    blk, k = sym("i_blk"), sym("k")
+    rows = lambda start: Loop(I, start, sympy.Min(N, 64 * blk + 64), (
+        Store("y", (I - 64 * blk,), S.Load("x", I)),
+        Store("y", (I - 64 * blk + 64,), S.Load("x", I))))
+
+    def marked(start):
+        onf = ONF("t", "v", (Buffer("x", (N,)),), (Buffer("y", (N,)),), (), (N,), (),
+                  (Nest("y", (rows(start),), "test"),), flat=True)
+        return mark_simd(onf).nests[0].body[0].simd
+
+    assert marked(64 * blk)
+    assert marked(16 * sympy.Max(4 * blk, k))
+    assert not marked(16 * k)
+
+
 def _marked(*body):
     loop = Loop(I, sympy.Integer(1), N, tuple(body))
     onf = ONF("t", "v", (Buffer("x", (N,)),), (Buffer("y", (N,)),), (), (N,), (),

@@ -138,8 +138,18 @@ def _ranges_apart(a, b, var, start, stop) -> bool:
 
 def _longest(start, stop):
     """A number of iterations a loop from start to stop never exceeds (its stop may be
-    Min(n, start + 64)), or None."""
+    Min(n, start + 64), its start Max(64 i_blk, k0): a causal block's rows past its keys),
+    or None."""
     stops = stop.args if isinstance(stop, sympy.Min) else (stop,)
-    spans = [sympy.simplify(end - start) for end in stops]
+    spans = [sympy.simplify(end - low) for end in stops for low in _lower_bounds(start)]
     numbers = [span for span in spans if span.is_number]
     return min(numbers) if numbers else None
+
+
+def _lower_bounds(start):
+    """start, and where it is a Max (times a positive number), each of the Max's arguments
+    (times that number): values start is never below."""
+    factor, rest = start.as_coeff_Mul()
+    if isinstance(rest, sympy.Max) and factor > 0:
+        return (start,) + tuple(factor * arg for arg in rest.args)
+    return (start,)
