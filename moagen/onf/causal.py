@@ -24,7 +24,9 @@ The scores are then a register tile like any other block's (a select per score k
 compiler from vectorizing the tile: it takes every accumulator out of its vector register),
 the selects are vector compares in loops over the keys, and no exponential is taken of -inf
 (exp(-inf - m') = 0 for a finite m', which the running max is; a vector exponential takes
-its slow path for a lane of -inf). The values are the same, bit for bit.
+its slow path for a lane of -inf). The values are the same, bit for bit in the ONF's
+arithmetic (a compiler contracting the vectorized tile's multiply-adds otherwise than the
+scalar ones may round the scores differently, within an ulp or so).
 
 Checked: the loop over blocks holds the online softmax's block max (a max accumulated over
 the block's scores), and every score it stores is masked as `r >= j` with r free of the
