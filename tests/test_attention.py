@@ -124,7 +124,7 @@ def test_no_other_variant_has_atomic_updates(kernel, variant):
 @pytest.mark.parametrize("kernel, params", [("attention_fwdbwd", None),
                                             ("attention_fwdbwd_causal", None),
                                             ("attention_fwdbwd", {"parts": 2, "lanes": 0})])
-def test_owner_variant_is_bitwise_reproducible(kernel, params, lang, session_build_dir):
+def test_owner_variant_is_bitwise_reproducible(kernel, params, lang):
     """Each output element of the owner variant is accumulated by one thread, in a fixed
     loop order, with no atomics: with the same thread count (OpenMP's default here) and
     the same inputs, every run performs the same floating-point operations in the same
@@ -168,7 +168,7 @@ def test_owner_parts_take_dq_from_the_key_rows_pass():
                                           *((lang, {"parts": 2, "rows": 1, "keys": 2, "lanes": 0})
                                             for lang in ("c", "fortran"))])
 @pytest.mark.parametrize("kernel", ["attention_fwdbwd", "attention_fwdbwd_causal"])
-def test_owner_parts_match_the_references(kernel, lang, params, session_build_dir):
+def test_owner_parts_match_the_references(kernel, lang, params):
     """At the verification sizes: n = 1 leaves parts empty, n = 7 and 257 cut the parts,
     rows and keys unevenly; at 257 two parts of one row each have 129 and 128 key rows, in
     blocks of 64 (BlockInterchange), the last of one row. lanes 0: the GPU's form (a row of

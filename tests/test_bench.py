@@ -17,7 +17,7 @@ QUICK = ["bench", "--quick", "--kernels", "rmsnorm_fwd", "--lang", "c", "--n", "
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory, session_build_dir):
+def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "results.jsonl"
     code = main(QUICK + ["--out", str(out)])
     return code, out
@@ -147,7 +147,7 @@ def test_gpu_requested_where_none_exists(capsys):
     assert "no GPU" in capsys.readouterr().err
 
 
-def test_a_failing_worker_keeps_what_was_measured(tmp_path, session_build_dir):
+def test_a_failing_worker_keeps_what_was_measured(tmp_path):
     good = dict(kernel="rmsnorm_fwd", dtype="float64", sizes=cases.sizes("rmsnorm_fwd", 8),
                 impls=[["c", "dnf"]])
     # a cache with 4 valid rows out of 2: the kernel's own validation refuses it
@@ -160,7 +160,7 @@ def test_a_failing_worker_keeps_what_was_measured(tmp_path, session_build_dir):
     assert [r["record"] for r in kept] == ["run", "result"] and kept[1]["kernel"] == "rmsnorm_fwd"
 
 
-def test_the_cost_model_runs_before_the_worker_times(tmp_path, monkeypatch, session_build_dir):
+def test_the_cost_model_runs_before_the_worker_times(tmp_path, monkeypatch):
     """Seconds of sympy in this process while the worker times calls take a core from them:
     every variant's cost is computed before the worker starts, none while it runs."""
     from moagen.cost.model import _predict
@@ -181,7 +181,7 @@ def test_the_cost_model_runs_before_the_worker_times(tmp_path, monkeypatch, sess
     assert all(r["gflops"] > 0 for r in records if r["variant"])
 
 
-def test_a_call_per_batch_entry_computes_the_same(session_build_dir):
+def test_a_call_per_batch_entry_computes_the_same():
     sizes = dict(batch=3, q_heads=4, kv_heads=2, cap=9, d=5, n=7)
     fn = cases.kernel_callable("attention_decode", "split", "c", "float64")
     args, scalars = cases.inputs("attention_decode", sizes, "float64"), cases.scalars("attention_decode", sizes)
@@ -192,7 +192,7 @@ def test_a_call_per_batch_entry_computes_the_same(session_build_dir):
         np.testing.assert_array_equal(a, b)
 
 
-def test_c_without_restrict_computes_the_same(session_build_dir):
+def test_c_without_restrict_computes_the_same():
     source = emit("attention_fwd", "dnf", "c-norestrict")
     assert "restrict" not in source.split("*/", 1)[1]  # past the banner
     sizes = dict(batch=1, heads=2, n=9, d=5)
@@ -263,7 +263,7 @@ def test_report_of_a_file_without_runs(tmp_path):
     assert main(["report", str(path)]) == 2
 
 
-def test_restrict_ablation_compares_machine_code(session_build_dir):
+def test_restrict_ablation_compares_machine_code():
     from moagen import build
     from moagen.codegen.emit import emit
     assert languages.restrict_changes_code("rmsnorm_fwd", "dnf") in (False, True)

@@ -35,7 +35,7 @@ def test_a_device_sweep_refuses_what_cannot_run_there():
         suite.plan(["rmsnorm_fwd:dnf"], ["cuda-emulated"], [1], lengths=[8])
 
 
-def test_the_worker_times_device_arrays_by_the_device_clock(session_build_dir, capsys, monkeypatch):
+def test_the_worker_times_device_arrays_by_the_device_clock(capsys, monkeypatch):
     clocked, made = [], []
     elapsed = DEVICE.elapsed
     monkeypatch.setattr(DEVICE, "elapsed", lambda fn: clocked.append(fn) or elapsed(fn))

@@ -12,7 +12,7 @@ SIZES = dict(batch=1, heads=1, n=1024, d=16)
 
 
 @pytest.fixture(scope="module")
-def records(session_build_dir):
+def records():
     return {v: memory.measure("attention_fwd", v, SIZES) for v in ("naive", "dnf", "online")}
 
 
@@ -29,7 +29,7 @@ def test_row_wise_variants_need_no_n_by_n_scratch(records, variant, scratch_per_
     assert records[variant].extra_bytes < 0.1 * records["naive"].extra_bytes
 
 
-def test_bench_memory_command(capsys, tmp_path, session_build_dir):
+def test_bench_memory_command(capsys, tmp_path):
     """Kernels with other sizes (rmsnorm has no heads) and single variants; JSON records."""
     out = tmp_path / "memory.json"
     code = main(["bench", "memory", "--n", "64", "--d", "8", "--json", str(out),

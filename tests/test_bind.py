@@ -21,7 +21,7 @@ def _reference(X, s, alpha):
 
 
 @pytest.fixture(scope="module")
-def libraries(session_build_dir, scale_rows):
+def libraries(scale_rows):
     return {lang: get_target(lang).library(scale_rows.sources[lang], "scale_rows")
             for lang in ("c", "fortran")}
 
@@ -50,7 +50,7 @@ def test_every_kernel_of_a_library_binds_separately(libraries, scale_rows):
     np.testing.assert_array_equal(f64(X, s, 2.0), _reference(X, s, 2.0))
 
 
-def test_cuda_runs_or_skips_cleanly(session_build_dir, scale_rows):
+def test_cuda_runs_or_skips_cleanly(scale_rows):
     try:
         library = get_target("cuda").library(scale_rows.sources["cuda"], "scale_rows")
     except DeviceUnavailable as error:

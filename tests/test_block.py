@@ -220,7 +220,7 @@ def test_partial_sums_refuse_a_row_nest_over_other_rows():
         PartialSums("dweight", "i", 4, rows="dy")(onf)
 
 
-def test_dweight_is_bitwise_the_same_on_one_and_two_threads(session_build_dir):
+def test_dweight_is_bitwise_the_same_on_one_and_two_threads():
     """Sixteen parts whatever the threads, each summed in one order, merged in order."""
     runtime.load("rmsnorm_bwd", "dnf", "c", "float64")  # built once, here
     script = ("import numpy as np, sys; from moagen import runtime; "
@@ -293,7 +293,7 @@ def _block_arrays(dtype="float64", **shapes):
     return list(arrays.values())
 
 
-def test_block_forward_rejects_bad_input_before_native_code(session_build_dir):
+def test_block_forward_rejects_bad_input_before_native_code():
     fn = runtime.load("block_fwd", "composed", "c", "float64")
     y = fn(*_block_arrays(), eps=1e-5, scale=0.5)[0]
     assert y.shape == (1, 3, 4) and np.isfinite(y).all()
@@ -308,7 +308,7 @@ def test_block_forward_rejects_bad_input_before_native_code(session_build_dir):
         fn(*_block_arrays("float32"), eps=1e-5, scale=0.5)
 
 
-def test_rmsnorm_forward_rejects_a_non_positive_eps(session_build_dir):
+def test_rmsnorm_forward_rejects_a_non_positive_eps():
     fn = runtime.load("rmsnorm_fwd", "dnf", "c", "float64")
     with pytest.raises(ValueError, match="eps must be positive"):
         fn(np.ones((1, 2, 3)), np.ones(3), eps=0.0)
@@ -322,7 +322,7 @@ def test_a_composite_has_one_variant_and_lists_its_stages(capsys):
     assert "stage mlp: mlp_bwd tiled" in out and "kept for the backward: (none)" in out
 
 
-def test_the_backward_takes_what_the_forward_returns_in_that_order(session_build_dir):
+def test_the_backward_takes_what_the_forward_returns_in_that_order():
     """y, *kept = block_fwd(...); block_bwd(..., *kept, dy): the user's chain, against
     PyTorch autograd of the whole block."""
     kept = FORWARD.kept()

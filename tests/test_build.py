@@ -101,7 +101,7 @@ def test_fortran_source_must_define_the_module(build_dir, scale_rows):
         build_fortran(scale_rows.sources["fortran"], "scale_rows", "moagen_other")
 
 
-def test_fortran_extension_is_named_for_its_build(session_build_dir, scale_rows):
+def test_fortran_extension_is_named_for_its_build(scale_rows):
     extension = build_fortran(scale_rows.sources["fortran"], "scale_rows", MODULE)
     assert extension.is_file()
     assert extension.name.startswith("_" + extension.parent.name.replace("-", "_") + ".")
@@ -115,7 +115,7 @@ def test_compile_cuda_reports_registers(build_dir, scale_rows, arch):
     assert "registers" in result.ptxas_report
 
 
-def test_build_cuda_makes_a_shared_library(session_build_dir, scale_rows):
+def test_build_cuda_makes_a_shared_library(scale_rows):
     library = build_cuda(scale_rows.sources["cuda"], "scale_rows")
     assert library.read_bytes()[:4] == b"\x7fELF"
 

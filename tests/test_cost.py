@@ -370,14 +370,14 @@ def measured_and_predicted(variant, sizes):
 
 
 @needs_valgrind
-def test_cachegrind_traffic_of_row_wise_attention_is_within_2x_of_m(session_build_dir):
+def test_cachegrind_traffic_of_row_wise_attention_is_within_2x_of_m():
     for variant in ("dnf", "online"):
         measured, predicted, fits = measured_and_predicted(variant, dict(SMALL, n=128))
         assert fits and predicted / 2 <= measured <= 2 * predicted, variant
 
 
 @needs_valgrind
-def test_cachegrind_traffic_of_naive_attention_grows_like_n_squared(session_build_dir):
+def test_cachegrind_traffic_of_naive_attention_grows_like_n_squared():
     (small, _, _), (large, predicted, fits) = (measured_and_predicted("naive", dict(SMALL, n=n))
                                                for n in (64, 128))
     assert large / small > 3  # n doubled: 4x for the n^2 part, 2x for the rest
@@ -385,7 +385,7 @@ def test_cachegrind_traffic_of_naive_attention_grows_like_n_squared(session_buil
 
 
 @needs_valgrind
-def test_cachegrind_traffic_exceeds_m_where_the_working_set_does_not_fit(session_build_dir):
+def test_cachegrind_traffic_exceeds_m_where_the_working_set_does_not_fit():
     # one head of 512 rows: its K and V (128 KiB) no longer fit, and every row reads them
     measured, predicted, fits = measured_and_predicted("dnf", dict(SMALL, heads=1, n=512))
     assert not fits and measured > 4 * predicted
@@ -411,7 +411,7 @@ def _cuda_tools():
 
 
 @pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump not installed")
-def test_sass_atomics_sit_where_the_onf_puts_them(session_build_dir):
+def test_sass_atomics_sit_where_the_onf_puts_them():
     atomic = sass.inspect("attention_fwdbwd", "atomic")
     assert {r.arch for r in atomic} == {"sm_80", "sm_90"}
     for r in atomic:

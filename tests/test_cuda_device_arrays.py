@@ -60,7 +60,7 @@ def _case(fn, kernel):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_device_arrays_run_where_they_are_and_numpy_arrays_are_copied(session_build_dir, gpu, dtype):
+def test_device_arrays_run_where_they_are_and_numpy_arrays_are_copied(gpu, dtype):
     """attention_decode split: outputs, scratch on the device, and a size given as an argument."""
     fn = _kernel(gpu, "attention_decode", "split", dtype)
     inputs, scalars, reference = _case(fn, "attention_decode")
@@ -81,7 +81,7 @@ def test_device_arrays_run_where_they_are_and_numpy_arrays_are_copied(session_bu
         np.testing.assert_array_equal(ours.get(), host)
 
 
-def test_out_takes_the_callers_device_arrays_and_returns_them(session_build_dir, gpu):
+def test_out_takes_the_callers_device_arrays_and_returns_them(gpu):
     fn = _kernel(gpu, "rmsnorm_fwd", "dnf")
     inputs, scalars, _ = _case(fn, "rmsnorm_fwd")
     expected = fn(*inputs, **scalars)
@@ -92,7 +92,7 @@ def test_out_takes_the_callers_device_arrays_and_returns_them(session_build_dir,
         np.testing.assert_array_equal(_host(gpu, mine), e)
 
 
-def test_inout_device_arrays_are_updated_in_place(session_build_dir, gpu):
+def test_inout_device_arrays_are_updated_in_place(gpu):
     fn = _kernel(gpu, "kv_append", "dnf")
     inputs, scalars, reference = _case(fn, "kv_append")
     expected = reference(*(a.copy() for a in inputs), **scalars)
@@ -110,7 +110,7 @@ def _host(gpu, foreign):
 
 
 @pytest.fixture
-def rmsnorm(session_build_dir, gpu):
+def rmsnorm(gpu):
     fn = _kernel(gpu, "rmsnorm_fwd", "dnf")
     inputs, scalars, _ = _case(fn, "rmsnorm_fwd")
     return fn, [to_device(gpu, a) for a in inputs], scalars
@@ -162,7 +162,7 @@ def test_outputs_that_are_read_only_or_alias_an_input_are_refused(rmsnorm, gpu):
         fn(x, weight, **scalars, out=(Foreign(x), inv_rms))
 
 
-def test_host_kernels_refuse_device_arrays(session_build_dir, gpu):
+def test_host_kernels_refuse_device_arrays(gpu):
     fn = runtime.load("rmsnorm_fwd", "dnf", "c")
     inputs, scalars, _ = _case(fn, "rmsnorm_fwd")
     with pytest.raises(ValueError, match=r"'x': got a device array \(DeviceArray\), but this "

@@ -102,7 +102,7 @@ def driver(monkeypatch):
     return gpu, memory, calls
 
 
-def test_a_kernel_runs_on_driver_memory_with_numpy_and_device_arrays(session_build_dir, driver):
+def test_a_kernel_runs_on_driver_memory_with_numpy_and_device_arrays(driver):
     gpu, memory, calls = driver
     assert gpu.name == "Stand-in"
     loaded = runtime.load("attention_decode", "split", "cuda-emulated")

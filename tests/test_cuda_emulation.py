@@ -138,7 +138,7 @@ extern "C" int rotate_blocks(const double *x, double *y, int64_t blocks, int64_t
 
 
 @pytest.fixture(scope="module")
-def lib(session_build_dir):
+def lib():
     ffi = cffi.FFI()
     ffi.cdef("int cover(double *, int64_t, int64_t);"
              "int add(double *, const double *, int64_t, int64_t, int);"

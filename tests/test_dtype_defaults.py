@@ -76,8 +76,7 @@ def test_show_takes_the_dtype(capsys):
     assert "key_tiles(rows, j, 8)" in capsys.readouterr().out
 
 
-def test_the_runtime_binds_the_dtype_defaults_and_a_tuned_choice_wins(
-        session_build_dir, tmp_path, monkeypatch):
+def test_the_runtime_binds_the_dtype_defaults_and_a_tuned_choice_wins(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # this machine's tuning file: none yet, then the one below
     f64, f32 = (FLASH.defaults_for("cpu", d) for d in ("float64", "float32"))
     sizes = dict(batch=1, heads=2, n=37, d=5)  # n cuts both panel widths

@@ -19,7 +19,7 @@ F64 = torch.float64
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread(session_build_dir):
+def one_thread():
     """gradcheck makes hundreds of calls on a few dozen numbers each, where two OpenMP
     threads' fork and join would dominate; the kernels share PyTorch's libgomp, so this sets
     theirs too."""

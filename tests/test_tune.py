@@ -44,7 +44,7 @@ def test_bad_parameters_on_the_command_line(capsys):
     assert "no schedule parameter cols" in capsys.readouterr().err
 
 
-def test_search_verifies_times_and_records_the_choice(tmp_path, session_build_dir, capsys):
+def test_search_verifies_times_and_records_the_choice(tmp_path, capsys):
     out = tmp_path / "tuning.json"
     code = main(["tune", "attention_decode", "--variant", "split", "--n", "64", "--repeats", "1",
                  "--out", str(out)])
