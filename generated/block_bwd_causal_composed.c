@@ -11,16 +11,16 @@
  * WdT[c, e] = (<e c> psi Wd)
  * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
  * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
- * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
  * WgT[e, c] = (<c e> psi Wg)
- * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+ * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * (<b i e> psi U) * sigmoid((<b i e> psi U)) * (1.0 - sigmoid((<b i e> psi U))) + (<b i e> psi dH) * (<b i e> psi V) * sigmoid((<b i e> psi U))
+ * dV[b, i, e] = (<b i e> psi dH) * (<b i e> psi U) * sigmoid((<b i e> psi U))
  * WuT[e, c] = (<c e> psi Wu)
  * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
  *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
  * XT[b, c, i] = (<b i c> psi X)
  * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
  * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
- * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+ * HT[b, e, i] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
  * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
  * stage norm2: rmsnorm_bwd dnf
  * dx[b, i, c] = (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
@@ -597,20 +597,6 @@ void block_bwd_causal_composed_f64(
             }
         }
     }
-    /* mlp.dU: reads U; scratch mlp_dU, mlp_dH, mlp_V
-     * for b, i (parallel) / e (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t U_row = dff*(b*n + i);
-            #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                const double t = 1.0 / (1.0 + exp(-U[U_row + e]));
-                mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0 + U[U_row + e] * (1.0 - t));
-            }
-        }
-    }
     /* mlp.WgT: reads Wg; scratch mlp_WgT
      * for e (parallel) / c (simd)
      */
@@ -621,15 +607,20 @@ void block_bwd_causal_composed_f64(
             mlp_WgT[c + dm*e] = Wg[c*dff + e];
         }
     }
-    /* mlp.dV: reads U; scratch mlp_dV, mlp_dH
+    /* mlp.dU_dV: reads U; scratch mlp_dU, mlp_dV, mlp_dH, mlp_V
      * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t mlp_dH_row = dff*(b*n + i);
+            const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
-                mlp_dV[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e]));
+                const double t = mlp_dH[mlp_dH_row + e] * mlp_V[dff*(b*n + i) + e];
+                const double t2 = 1.0 / (1.0 + exp(-U[U_row + e]));
+                mlp_dU[dff*(b*n + i) + e] = t * U[U_row + e] * t2 * (1.0 - t2) + t * t2;
+                mlp_dV[dff*(b*n + i) + e] = mlp_dH[mlp_dH_row + e] * U[U_row + e] * t2;
             }
         }
     }
@@ -1272,7 +1263,7 @@ void block_bwd_causal_composed_f64(
         for (int64_t e = 0; e < dff; ++e) {
             #pragma omp simd
             for (int64_t i = 0; i < n; ++i) {
-                mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+                mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] * 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
             }
         }
     }
@@ -5673,20 +5664,6 @@ void block_bwd_causal_composed_f32(
             }
         }
     }
-    /* mlp.dU: reads U; scratch mlp_dU, mlp_dH, mlp_V
-     * for b, i (parallel) / e (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t U_row = dff*(b*n + i);
-            #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                const float t = 1.0f / (1.0f + expf(-U[U_row + e]));
-                mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0f + U[U_row + e] * (1.0f - t));
-            }
-        }
-    }
     /* mlp.WgT: reads Wg; scratch mlp_WgT
      * for e (parallel) / c (simd)
      */
@@ -5697,15 +5674,20 @@ void block_bwd_causal_composed_f32(
             mlp_WgT[c + dm*e] = Wg[c*dff + e];
         }
     }
-    /* mlp.dV: reads U; scratch mlp_dV, mlp_dH
+    /* mlp.dU_dV: reads U; scratch mlp_dU, mlp_dV, mlp_dH, mlp_V
      * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t mlp_dH_row = dff*(b*n + i);
+            const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
-                mlp_dV[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e]));
+                const float t = mlp_dH[mlp_dH_row + e] * mlp_V[dff*(b*n + i) + e];
+                const float t2 = 1.0f / (1.0f + expf(-U[U_row + e]));
+                mlp_dU[dff*(b*n + i) + e] = t * U[U_row + e] * t2 * (1.0f - t2) + t * t2;
+                mlp_dV[dff*(b*n + i) + e] = mlp_dH[mlp_dH_row + e] * U[U_row + e] * t2;
             }
         }
     }
@@ -6780,7 +6762,7 @@ void block_bwd_causal_composed_f32(
         for (int64_t e = 0; e < dff; ++e) {
             #pragma omp simd
             for (int64_t i = 0; i < n; ++i) {
-                mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+                mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] * 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
             }
         }
     }

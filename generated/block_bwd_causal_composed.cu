@@ -11,16 +11,16 @@
  * WdT[c, e] = (<e c> psi Wd)
  * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
  * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
- * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
  * WgT[e, c] = (<c e> psi Wg)
- * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+ * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * (<b i e> psi U) * sigmoid((<b i e> psi U)) * (1.0 - sigmoid((<b i e> psi U))) + (<b i e> psi dH) * (<b i e> psi V) * sigmoid((<b i e> psi U))
+ * dV[b, i, e] = (<b i e> psi dH) * (<b i e> psi U) * sigmoid((<b i e> psi U))
  * WuT[e, c] = (<c e> psi Wu)
  * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
  *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
  * XT[b, c, i] = (<b i c> psi X)
  * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
  * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
- * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+ * HT[b, e, i] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
  * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
  * stage norm2: rmsnorm_bwd dnf
  * dx[b, i, c] = (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
@@ -1221,109 +1221,6 @@ __global__ void block_bwd_causal_composed_f64_mlp_V_edge(
     }
 }
 
-/* mlp.dU: reads U; scratch mlp_dU, mlp_dH, mlp_V
- * for b, i (parallel) / e (simd)
- */
-__global__ void block_bwd_causal_composed_f64_mlp_dU(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ inv_rms1,
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ attn,
-    const double *__restrict__ lse,
-    const double *__restrict__ resid,
-    const double *__restrict__ inv_rms2,
-    const double *__restrict__ U,
-    const double *__restrict__ dy,
-    double *__restrict__ dx,
-    double *__restrict__ dnorm1,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ dWo,
-    double *__restrict__ dnorm2,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ xn2,
-    double *__restrict__ dxn2,
-    double *__restrict__ dresid_norm2,
-    double *__restrict__ dresid,
-    double *__restrict__ dattn,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
-    double *__restrict__ xn1,
-    double *__restrict__ dxn1,
-    double *__restrict__ dx_norm1,
-    double *__restrict__ mlp_WdT,
-    double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
-    double *__restrict__ mlp_dU,
-    double *__restrict__ mlp_WgT,
-    double *__restrict__ mlp_dV,
-    double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_XT,
-    double *__restrict__ mlp_HT,
-    double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_WgT_panel,
-    double *__restrict__ mlp_WuT_panel,
-    double *__restrict__ mlp_dU_panel,
-    double *__restrict__ mlp_dV_panel,
-    double *__restrict__ mlp_dF_panel,
-    double *__restrict__ norm2_dweight_part,
-    double *__restrict__ out_WoT,
-    double *__restrict__ out_WoT_panel,
-    double *__restrict__ out_dY_panel,
-    double *__restrict__ attn_delta,
-    double *__restrict__ attn_qk_block,
-    double *__restrict__ attn_dov_block,
-    double *__restrict__ attn_t_block,
-    double *__restrict__ attn_qk_block2,
-    double *__restrict__ attn_dov_block2,
-    double *__restrict__ attn_t2_block,
-    double *__restrict__ attn_t3_block,
-    double *__restrict__ qkv_WqT,
-    double *__restrict__ qkv_WkT,
-    double *__restrict__ qkv_WvT,
-    double *__restrict__ qkv_WqT_panel,
-    double *__restrict__ qkv_WkT_panel,
-    double *__restrict__ qkv_WvT_panel,
-    double *__restrict__ qkv_dQ_panel,
-    double *__restrict__ qkv_dK_panel,
-    double *__restrict__ qkv_dV_panel,
-    double *__restrict__ norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    const int64_t U_row = dff*(b*n + i);
-    for (int64_t e = 0; e < dff; ++e) {
-        const double t = 1.0 / (1.0 + exp(-U[U_row + e]));
-        mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0 + U[U_row + e] * (1.0 - t));
-    }
-}
-
 /* mlp.WgT: reads Wg; scratch mlp_WgT
  * for e (parallel) / c (simd)
  */
@@ -1424,10 +1321,10 @@ __global__ void block_bwd_causal_composed_f64_mlp_WgT(
     }
 }
 
-/* mlp.dV: reads U; scratch mlp_dV, mlp_dH
+/* mlp.dU_dV: reads U; scratch mlp_dU, mlp_dV, mlp_dH, mlp_V
  * for b, i (parallel) / e (simd)
  */
-__global__ void block_bwd_causal_composed_f64_mlp_dV(
+__global__ void block_bwd_causal_composed_f64_mlp_dU_dV(
     const double *__restrict__ x,
     const double *__restrict__ norm1,
     const double *__restrict__ Wq,
@@ -1520,8 +1417,13 @@ __global__ void block_bwd_causal_composed_f64_mlp_dV(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t mlp_dH_row = dff*(b*n + i);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        mlp_dV[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e]));
+        const double t = mlp_dH[mlp_dH_row + e] * mlp_V[dff*(b*n + i) + e];
+        const double t2 = 1.0 / (1.0 + exp(-U[U_row + e]));
+        mlp_dU[dff*(b*n + i) + e] = t * U[U_row + e] * t2 * (1.0 - t2) + t * t2;
+        mlp_dV[dff*(b*n + i) + e] = mlp_dH[mlp_dH_row + e] * U[U_row + e] * t2;
     }
 }
 
@@ -3328,7 +3230,7 @@ __global__ void block_bwd_causal_composed_f64_mlp_HT(
     const int64_t e = tid % dff;
     const int64_t b = (tid / dff);
     for (int64_t i = 0; i < n; ++i) {
-        mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+        mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] * 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
     }
 }
 
@@ -8999,15 +8901,6 @@ extern "C" int block_bwd_causal_composed_f64(
         }
     }
     {
-        const int64_t count = batch*n, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
@@ -9019,7 +8912,7 @@ extern "C" int block_bwd_causal_composed_f64(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f64_mlp_dU_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
@@ -10622,109 +10515,6 @@ __global__ void block_bwd_causal_composed_f32_mlp_V_edge(
     }
 }
 
-/* mlp.dU: reads U; scratch mlp_dU, mlp_dH, mlp_V
- * for b, i (parallel) / e (simd)
- */
-__global__ void block_bwd_causal_composed_f32_mlp_dU(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ inv_rms1,
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ attn,
-    const float *__restrict__ lse,
-    const float *__restrict__ resid,
-    const float *__restrict__ inv_rms2,
-    const float *__restrict__ U,
-    const float *__restrict__ dy,
-    float *__restrict__ dx,
-    float *__restrict__ dnorm1,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ dWo,
-    float *__restrict__ dnorm2,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ xn2,
-    float *__restrict__ dxn2,
-    float *__restrict__ dresid_norm2,
-    float *__restrict__ dresid,
-    float *__restrict__ dattn,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
-    float *__restrict__ xn1,
-    float *__restrict__ dxn1,
-    float *__restrict__ dx_norm1,
-    float *__restrict__ mlp_WdT,
-    float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
-    float *__restrict__ mlp_dU,
-    float *__restrict__ mlp_WgT,
-    float *__restrict__ mlp_dV,
-    float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_XT,
-    float *__restrict__ mlp_HT,
-    float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_WgT_panel,
-    float *__restrict__ mlp_WuT_panel,
-    float *__restrict__ mlp_dU_panel,
-    float *__restrict__ mlp_dV_panel,
-    float *__restrict__ mlp_dF_panel,
-    float *__restrict__ norm2_dweight_part,
-    float *__restrict__ out_WoT,
-    float *__restrict__ out_WoT_panel,
-    float *__restrict__ out_dY_panel,
-    float *__restrict__ attn_delta,
-    float *__restrict__ attn_qk_block,
-    float *__restrict__ attn_dov_block,
-    float *__restrict__ attn_t_block,
-    float *__restrict__ attn_qk_block2,
-    float *__restrict__ attn_dov_block2,
-    float *__restrict__ attn_t2_block,
-    float *__restrict__ attn_t3_block,
-    float *__restrict__ qkv_WqT,
-    float *__restrict__ qkv_WkT,
-    float *__restrict__ qkv_WvT,
-    float *__restrict__ qkv_WqT_panel,
-    float *__restrict__ qkv_WkT_panel,
-    float *__restrict__ qkv_WvT_panel,
-    float *__restrict__ qkv_dQ_panel,
-    float *__restrict__ qkv_dK_panel,
-    float *__restrict__ qkv_dV_panel,
-    float *__restrict__ norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    const int64_t U_row = dff*(b*n + i);
-    for (int64_t e = 0; e < dff; ++e) {
-        const float t = 1.0f / (1.0f + expf(-U[U_row + e]));
-        mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0f + U[U_row + e] * (1.0f - t));
-    }
-}
-
 /* mlp.WgT: reads Wg; scratch mlp_WgT
  * for e (parallel) / c (simd)
  */
@@ -10825,10 +10615,10 @@ __global__ void block_bwd_causal_composed_f32_mlp_WgT(
     }
 }
 
-/* mlp.dV: reads U; scratch mlp_dV, mlp_dH
+/* mlp.dU_dV: reads U; scratch mlp_dU, mlp_dV, mlp_dH, mlp_V
  * for b, i (parallel) / e (simd)
  */
-__global__ void block_bwd_causal_composed_f32_mlp_dV(
+__global__ void block_bwd_causal_composed_f32_mlp_dU_dV(
     const float *__restrict__ x,
     const float *__restrict__ norm1,
     const float *__restrict__ Wq,
@@ -10921,8 +10711,13 @@ __global__ void block_bwd_causal_composed_f32_mlp_dV(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t mlp_dH_row = dff*(b*n + i);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        mlp_dV[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e]));
+        const float t = mlp_dH[mlp_dH_row + e] * mlp_V[dff*(b*n + i) + e];
+        const float t2 = 1.0f / (1.0f + expf(-U[U_row + e]));
+        mlp_dU[dff*(b*n + i) + e] = t * U[U_row + e] * t2 * (1.0f - t2) + t * t2;
+        mlp_dV[dff*(b*n + i) + e] = mlp_dH[mlp_dH_row + e] * U[U_row + e] * t2;
     }
 }
 
@@ -12729,7 +12524,7 @@ __global__ void block_bwd_causal_composed_f32_mlp_HT(
     const int64_t e = tid % dff;
     const int64_t b = (tid / dff);
     for (int64_t i = 0; i < n; ++i) {
-        mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+        mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] * 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
     }
 }
 
@@ -18400,15 +18195,6 @@ extern "C" int block_bwd_causal_composed_f32(
         }
     }
     {
-        const int64_t count = batch*n, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
@@ -18420,7 +18206,7 @@ extern "C" int block_bwd_causal_composed_f32(
     {
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+            MOAGEN_LAUNCH(block_bwd_causal_composed_f32_mlp_dU_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
                           x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;

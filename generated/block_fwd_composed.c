@@ -53,7 +53,8 @@
  * stage norm2: rmsnorm_fwd dnf
  * stage mlp: mlp_fwd tiled
  * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U))
+ *              * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
  * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
  * stage add: residual_add dnf
  * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
@@ -2409,9 +2410,10 @@ void block_fwd_composed_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             const int64_t mlp_H_row = dff*(b*n + i);
+            const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-                mlp_H[mlp_H_row + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_H[mlp_H_row + e];
+                mlp_H[mlp_H_row + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * mlp_H[mlp_H_row + e];
             }
         }
     }
@@ -2421,13 +2423,14 @@ void block_fwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t U_row = dff*(b*n + i);
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 double xu = 0.0;
                 #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
-                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * xu;
+                mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * xu;
             }
         }
     }
@@ -6031,9 +6034,10 @@ void block_fwd_composed_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             const int64_t mlp_H_row = dff*(b*n + i);
+            const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < 16*((dff) / 16); ++e) {
-                mlp_H[mlp_H_row + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_H[mlp_H_row + e];
+                mlp_H[mlp_H_row + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * mlp_H[mlp_H_row + e];
             }
         }
     }
@@ -6043,13 +6047,14 @@ void block_fwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t U_row = dff*(b*n + i);
             for (int64_t e = 16*((dff) / 16); e < dff; ++e) {
                 float xu = 0.0f;
                 #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
-                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * xu;
+                mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * xu;
             }
         }
     }

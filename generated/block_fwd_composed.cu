@@ -53,7 +53,8 @@
  * stage norm2: rmsnorm_fwd dnf
  * stage mlp: mlp_fwd tiled
  * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U))
+ *              * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
  * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
  * stage add: residual_add dnf
  * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
@@ -2772,8 +2773,9 @@ __global__ void block_fwd_composed_f64_mlp_H_pointwise(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     const int64_t mlp_H_row = dff*(b*n + i);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-        mlp_H[mlp_H_row + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_H[mlp_H_row + e];
+        mlp_H[mlp_H_row + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * mlp_H[mlp_H_row + e];
     }
 }
 
@@ -2828,12 +2830,13 @@ __global__ void block_fwd_composed_f64_mlp_H_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
         double xu = 0.0;
         for (int64_t c = 0; c < dm; ++c) {
             xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
         }
-        mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * xu;
+        mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * xu;
     }
 }
 
@@ -6208,8 +6211,9 @@ __global__ void block_fwd_composed_f32_mlp_H_pointwise(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     const int64_t mlp_H_row = dff*(b*n + i);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-        mlp_H[mlp_H_row + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_H[mlp_H_row + e];
+        mlp_H[mlp_H_row + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * mlp_H[mlp_H_row + e];
     }
 }
 
@@ -6264,12 +6268,13 @@ __global__ void block_fwd_composed_f32_mlp_H_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
         float xu = 0.0f;
         for (int64_t c = 0; c < dm; ++c) {
             xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
         }
-        mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * xu;
+        mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * xu;
     }
 }
 

@@ -52,7 +52,8 @@
 ! stage norm2: rmsnorm_fwd dnf
 ! stage mlp: mlp_fwd tiled
 ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+! H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U))
+!              * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
 ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
 ! stage add: residual_add dnf
 ! y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
@@ -110,7 +111,7 @@ contains
         & Wv_row, V_row, attn_K_panel_row, out_Wo_panel_row, Wo_row, attn_row0, attn_row1, &
         & attn_row2, attn_row3, attn_row4, attn_row5, resid_row, attn_row, mlp_Wg_panel_row, &
         & xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, &
-        & mlp_H_row, mlp_Wd_panel_row, mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, &
+        & mlp_H_row, U_row, mlp_Wd_panel_row, mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, &
         & mlp_H_row4, mlp_H_row5
     real(c_double) :: sum_sq, inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
         & acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
@@ -3137,13 +3138,14 @@ contains
     !$omp end parallel do
     ! mlp.H.pointwise: reads U; scratch mlp_H
     ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, mlp_H_row)
+    !$omp parallel do collapse(2) schedule(static) private(e, mlp_H_row, U_row)
     do b = 0, batch - 1
       do i = 0, n - 1
         mlp_H_row = dff*(b*n + i)
+        U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, 8*((dff) / 8) - 1
-          mlp_H(mlp_H_row + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) + &
+          mlp_H(mlp_H_row + e) = U(U_row + e) * 1.0_c_double / (1.0_c_double + exp(-U(U_row + &
               & e))) * mlp_H(mlp_H_row + e)
         end do
       end do
@@ -3151,17 +3153,18 @@ contains
     !$omp end parallel do
     ! mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, U_row, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         do e = 8*((dff) / 8), dff - 1
           xu = 0.0_c_double
           !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + xn2(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
-          mlp_H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) &
-              & + e))) * xu
+          mlp_H(dff*(b*n + i) + e) = U(U_row + e) * 1.0_c_double / (1.0_c_double + exp(-U(U_row + &
+              & e))) * xu
         end do
       end do
     end do
@@ -3426,7 +3429,7 @@ contains
         & Wv_row, V_row, attn_K_panel_row, out_Wo_panel_row, Wo_row, attn_row0, attn_row1, &
         & attn_row2, attn_row3, attn_row4, attn_row5, resid_row, attn_row, mlp_Wg_panel_row, &
         & xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, &
-        & mlp_H_row, mlp_Wd_panel_row, mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, &
+        & mlp_H_row, U_row, mlp_Wd_panel_row, mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, &
         & mlp_H_row4, mlp_H_row5
     real(c_float) :: sum_sq, inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
         & acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
@@ -7960,30 +7963,32 @@ contains
     !$omp end parallel do
     ! mlp.H.pointwise: reads U; scratch mlp_H
     ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, mlp_H_row)
+    !$omp parallel do collapse(2) schedule(static) private(e, mlp_H_row, U_row)
     do b = 0, batch - 1
       do i = 0, n - 1
         mlp_H_row = dff*(b*n + i)
+        U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, 16*((dff) / 16) - 1
-          mlp_H(mlp_H_row + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
-              & e))) * mlp_H(mlp_H_row + e)
+          mlp_H(mlp_H_row + e) = U(U_row + e) * 1.0_c_float / (1.0_c_float + exp(-U(U_row + e))) &
+              & * mlp_H(mlp_H_row + e)
         end do
       end do
     end do
     !$omp end parallel do
     ! mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, U_row, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         do e = 16*((dff) / 16), dff - 1
           xu = 0.0_c_float
           !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + xn2(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
-          mlp_H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
+          mlp_H(dff*(b*n + i) + e) = U(U_row + e) * 1.0_c_float / (1.0_c_float + exp(-U(U_row + &
               & e))) * xu
         end do
       end do

@@ -8,16 +8,16 @@
  * WdT[c, e] = (<e c> psi Wd)
  * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
  * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
- * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+ * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * (<b i e> psi U) * sigmoid((<b i e> psi U)) * (1.0 - sigmoid((<b i e> psi U))) + (<b i e> psi dH) * (<b i e> psi V) * sigmoid((<b i e> psi U))
  * WgT[e, c] = (<c e> psi Wg)
- * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+ * dV[b, i, e] = (<b i e> psi dH) * (<b i e> psi U) * sigmoid((<b i e> psi U))
  * WuT[e, c] = (<c e> psi Wu)
  * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
  *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
  * XT[b, c, i] = (<b i c> psi X)
  * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
  * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
- * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+ * HT[b, e, i] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
  * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
  */
 
@@ -187,8 +187,9 @@ __global__ void mlp_bwd_naive_f64_dU(
     const int64_t b = (tid / n);
     const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        const double t = 1.0 / (1.0 + exp(-U[U_row + e]));
-        dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0 + U[U_row + e] * (1.0 - t));
+        const double t = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e];
+        const double t2 = 1.0 / (1.0 + exp(-U[U_row + e]));
+        dU[dff*(b*n + i) + e] = t * U[U_row + e] * t2 * (1.0 - t2) + t * t2;
     }
 }
 
@@ -262,8 +263,9 @@ __global__ void mlp_bwd_naive_f64_dV(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        dV[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e]));
+        dV[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e]));
     }
 }
 
@@ -512,7 +514,7 @@ __global__ void mlp_bwd_naive_f64_HT(
     const int64_t e = tid % dff;
     const int64_t b = (tid / dff);
     for (int64_t i = 0; i < n; ++i) {
-        HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * V[dff*(b*n + i) + e];
+        HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] * 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e])) * V[dff*(b*n + i) + e];
     }
 }
 
@@ -865,8 +867,9 @@ __global__ void mlp_bwd_naive_f32_dU(
     const int64_t b = (tid / n);
     const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        const float t = 1.0f / (1.0f + expf(-U[U_row + e]));
-        dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0f + U[U_row + e] * (1.0f - t));
+        const float t = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e];
+        const float t2 = 1.0f / (1.0f + expf(-U[U_row + e]));
+        dU[dff*(b*n + i) + e] = t * U[U_row + e] * t2 * (1.0f - t2) + t * t2;
     }
 }
 
@@ -940,8 +943,9 @@ __global__ void mlp_bwd_naive_f32_dV(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        dV[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e]));
+        dV[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e]));
     }
 }
 
@@ -1190,7 +1194,7 @@ __global__ void mlp_bwd_naive_f32_HT(
     const int64_t e = tid % dff;
     const int64_t b = (tid / dff);
     for (int64_t i = 0; i < n; ++i) {
-        HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * V[dff*(b*n + i) + e];
+        HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] * 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e])) * V[dff*(b*n + i) + e];
     }
 }
 

@@ -7,16 +7,16 @@
 ! WdT[c, e] = (<e c> psi Wd)
 ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
 ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-! dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+! dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * (<b i e> psi U) * sigmoid((<b i e> psi U)) * (1.0 - sigmoid((<b i e> psi U))) + (<b i e> psi dH) * (<b i e> psi V) * sigmoid((<b i e> psi U))
 ! WgT[e, c] = (<c e> psi Wg)
-! dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+! dV[b, i, e] = (<b i e> psi dH) * (<b i e> psi U) * sigmoid((<b i e> psi U))
 ! WuT[e, c] = (<c e> psi Wu)
 ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
 !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
 ! XT[b, c, i] = (<b i c> psi X)
 ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
 ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
-! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+! HT[b, e, i] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
 ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
@@ -49,7 +49,7 @@ contains
     real(c_double), intent(out) :: XT(0:batch * dm * n - 1)
     real(c_double), intent(out) :: HT(0:batch * dff * n - 1)
     integer(c_int64_t) :: c, e, b, i, U_row
-    real(c_double) :: dfwd, xu, t, acc, acc2, over_b
+    real(c_double) :: dfwd, xu, t, t2, acc, acc2, over_b
 
     ! WdT: reads Wd; scratch WdT
     ! for c (parallel) / e (simd)
@@ -95,15 +95,15 @@ contains
     !$omp end parallel do
     ! dU: reads U; scratch dU, dH, V
     ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, U_row, t)
+    !$omp parallel do collapse(2) schedule(static) private(e, U_row, t, t2)
     do b = 0, batch - 1
       do i = 0, n - 1
         U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, dff - 1
-          t = 1.0_c_double / (1.0_c_double + exp(-U(U_row + e)))
-          dU(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * V(dff*(b*n + i) + e) * t * &
-              & (1.0_c_double + U(U_row + e) * (1.0_c_double - t))
+          t = dH(dff*(b*n + i) + e) * V(dff*(b*n + i) + e)
+          t2 = 1.0_c_double / (1.0_c_double + exp(-U(U_row + e)))
+          dU(dff*(b*n + i) + e) = t * U(U_row + e) * t2 * (1.0_c_double - t2) + t * t2
         end do
       end do
     end do
@@ -120,13 +120,14 @@ contains
     !$omp end parallel do
     ! dV: reads U; scratch dV, dH
     ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e)
+    !$omp parallel do collapse(2) schedule(static) private(e, U_row)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, dff - 1
-          dV(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * U(dff*(b*n + i) + e) / (1.0_c_double + &
-              & exp(-U(dff*(b*n + i) + e)))
+          dV(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * U(U_row + e) * 1.0_c_double / &
+              & (1.0_c_double + exp(-U(U_row + e)))
         end do
       end do
     end do
@@ -217,8 +218,8 @@ contains
       do e = 0, dff - 1
         !$omp simd
         do i = 0, n - 1
-          HT(i + n*(b*dff + e)) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) + &
-              & e))) * V(dff*(b*n + i) + e)
+          HT(i + n*(b*dff + e)) = U(dff*(b*n + i) + e) * 1.0_c_double / (1.0_c_double + &
+              & exp(-U(dff*(b*n + i) + e))) * V(dff*(b*n + i) + e)
         end do
       end do
     end do
@@ -267,7 +268,7 @@ contains
     real(c_float), intent(out) :: XT(0:batch * dm * n - 1)
     real(c_float), intent(out) :: HT(0:batch * dff * n - 1)
     integer(c_int64_t) :: c, e, b, i, U_row
-    real(c_float) :: dfwd, xu, t, acc, acc2, over_b
+    real(c_float) :: dfwd, xu, t, t2, acc, acc2, over_b
 
     ! WdT: reads Wd; scratch WdT
     ! for c (parallel) / e (simd)
@@ -313,15 +314,15 @@ contains
     !$omp end parallel do
     ! dU: reads U; scratch dU, dH, V
     ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, U_row, t)
+    !$omp parallel do collapse(2) schedule(static) private(e, U_row, t, t2)
     do b = 0, batch - 1
       do i = 0, n - 1
         U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, dff - 1
-          t = 1.0_c_float / (1.0_c_float + exp(-U(U_row + e)))
-          dU(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * V(dff*(b*n + i) + e) * t * (1.0_c_float &
-              & + U(U_row + e) * (1.0_c_float - t))
+          t = dH(dff*(b*n + i) + e) * V(dff*(b*n + i) + e)
+          t2 = 1.0_c_float / (1.0_c_float + exp(-U(U_row + e)))
+          dU(dff*(b*n + i) + e) = t * U(U_row + e) * t2 * (1.0_c_float - t2) + t * t2
         end do
       end do
     end do
@@ -338,13 +339,14 @@ contains
     !$omp end parallel do
     ! dV: reads U; scratch dV, dH
     ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e)
+    !$omp parallel do collapse(2) schedule(static) private(e, U_row)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, dff - 1
-          dV(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * U(dff*(b*n + i) + e) / (1.0_c_float + &
-              & exp(-U(dff*(b*n + i) + e)))
+          dV(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * U(U_row + e) * 1.0_c_float / &
+              & (1.0_c_float + exp(-U(U_row + e)))
         end do
       end do
     end do
@@ -435,8 +437,8 @@ contains
       do e = 0, dff - 1
         !$omp simd
         do i = 0, n - 1
-          HT(i + n*(b*dff + e)) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
-              & e))) * V(dff*(b*n + i) + e)
+          HT(i + n*(b*dff + e)) = U(dff*(b*n + i) + e) * 1.0_c_float / (1.0_c_float + &
+              & exp(-U(dff*(b*n + i) + e))) * V(dff*(b*n + i) + e)
         end do
       end do
     end do

@@ -6,7 +6,8 @@
  */
 /* What the kernel computes, as its DNF (psi-reduced, before scheduling):
  * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U))
+ *              * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
  * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
  */
 
@@ -71,12 +72,13 @@ __global__ void mlp_fwd_naive_f64_H(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
         double xu = 0.0;
         for (int64_t c = 0; c < dm; ++c) {
             xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
         }
-        H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * xu;
+        H[dff*(b*n + i) + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * xu;
     }
 }
 
@@ -207,12 +209,13 @@ __global__ void mlp_fwd_naive_f32_H(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
         float xu = 0.0f;
         for (int64_t c = 0; c < dm; ++c) {
             xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
         }
-        H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * xu;
+        H[dff*(b*n + i) + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * xu;
     }
 }
 

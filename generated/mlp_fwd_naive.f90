@@ -5,7 +5,8 @@
 !
 ! What the kernel computes, as its DNF (psi-reduced, before scheduling):
 ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+! H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U))
+!              * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
 ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
@@ -24,7 +25,7 @@ contains
     real(c_double), intent(out) :: F(0:batch * n * dm - 1)
     real(c_double), intent(out) :: U(0:batch * n * dff - 1)
     real(c_double), intent(out) :: H(0:batch * n * dff - 1)
-    integer(c_int64_t) :: b, i, e, c
+    integer(c_int64_t) :: b, i, e, c, U_row
     real(c_double) :: xg, xu, hw
 
     ! U: writes U; reads X, Wg
@@ -45,16 +46,17 @@ contains
     !$omp end parallel do
     ! H: reads X, Wu, U; scratch H
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, U_row, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         do e = 0, dff - 1
           xu = 0.0_c_double
           !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + X(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
-          H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) + &
+          H(dff*(b*n + i) + e) = U(U_row + e) * 1.0_c_double / (1.0_c_double + exp(-U(U_row + &
               & e))) * xu
         end do
       end do
@@ -88,7 +90,7 @@ contains
     real(c_float), intent(out) :: F(0:batch * n * dm - 1)
     real(c_float), intent(out) :: U(0:batch * n * dff - 1)
     real(c_float), intent(out) :: H(0:batch * n * dff - 1)
-    integer(c_int64_t) :: b, i, e, c
+    integer(c_int64_t) :: b, i, e, c, U_row
     real(c_float) :: xg, xu, hw
 
     ! U: writes U; reads X, Wg
@@ -109,17 +111,18 @@ contains
     !$omp end parallel do
     ! H: reads X, Wu, U; scratch H
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, U_row, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         do e = 0, dff - 1
           xu = 0.0_c_float
           !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + X(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
-          H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
-              & e))) * xu
+          H(dff*(b*n + i) + e) = U(U_row + e) * 1.0_c_float / (1.0_c_float + exp(-U(U_row + e))) &
+              & * xu
         end do
       end do
     end do

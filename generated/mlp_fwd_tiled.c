@@ -7,7 +7,8 @@
  */
 /* What the kernel computes, as its DNF (psi-reduced, before scheduling):
  * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U))
+ *              * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
  * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
  */
 
@@ -417,9 +418,10 @@ void mlp_fwd_tiled_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             const int64_t H_row = dff*(b*n + i);
+            const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-                H[H_row + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * H[H_row + e];
+                H[H_row + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * H[H_row + e];
             }
         }
     }
@@ -429,13 +431,14 @@ void mlp_fwd_tiled_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t U_row = dff*(b*n + i);
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 double xu = 0.0;
                 #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
-                H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * xu;
+                H[dff*(b*n + i) + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * xu;
             }
         }
     }
@@ -1319,9 +1322,10 @@ void mlp_fwd_tiled_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             const int64_t H_row = dff*(b*n + i);
+            const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < 16*((dff) / 16); ++e) {
-                H[H_row + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * H[H_row + e];
+                H[H_row + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * H[H_row + e];
             }
         }
     }
@@ -1331,13 +1335,14 @@ void mlp_fwd_tiled_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            const int64_t U_row = dff*(b*n + i);
             for (int64_t e = 16*((dff) / 16); e < dff; ++e) {
                 float xu = 0.0f;
                 #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
-                H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * xu;
+                H[dff*(b*n + i) + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * xu;
             }
         }
     }

@@ -6,7 +6,8 @@
 !
 ! What the kernel computes, as its DNF (psi-reduced, before scheduling):
 ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+! H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U))
+!              * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
 ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
 module moagen_kernels
   use, intrinsic :: iso_c_binding, only: c_double, c_float, c_int64_t
@@ -30,8 +31,8 @@ contains
     real(c_double), intent(out) :: Wu_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: Wd_panel(0:((dm) / 8) * dff * 8 - 1)
     integer(c_int64_t) :: e_tile, c, lane, b, i_blk, i_tile, i, e, c_tile, Wg_panel_row, X_row0, &
-        & X_row1, X_row2, X_row3, X_row4, X_row5, Wu_panel_row, H_row, Wd_panel_row, H_row0, &
-        & H_row1, H_row2, H_row3, H_row4, H_row5
+        & X_row1, X_row2, X_row3, X_row4, X_row5, Wu_panel_row, H_row, U_row, Wd_panel_row, &
+        & H_row0, H_row1, H_row2, H_row3, H_row4, H_row5
     real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
         & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
@@ -425,13 +426,14 @@ contains
     !$omp end parallel do
     ! H.pointwise: reads U; scratch H
     ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, H_row)
+    !$omp parallel do collapse(2) schedule(static) private(e, H_row, U_row)
     do b = 0, batch - 1
       do i = 0, n - 1
         H_row = dff*(b*n + i)
+        U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, 8*((dff) / 8) - 1
-          H(H_row + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) + e))) * &
+          H(H_row + e) = U(U_row + e) * 1.0_c_double / (1.0_c_double + exp(-U(U_row + e))) * &
               & H(H_row + e)
         end do
       end do
@@ -439,16 +441,17 @@ contains
     !$omp end parallel do
     ! H.edge: reads X, Wu, U; scratch H
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, U_row, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         do e = 8*((dff) / 8), dff - 1
           xu = 0.0_c_double
           !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + X(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
-          H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) + &
+          H(dff*(b*n + i) + e) = U(U_row + e) * 1.0_c_double / (1.0_c_double + exp(-U(U_row + &
               & e))) * xu
         end do
       end do
@@ -671,8 +674,8 @@ contains
     real(c_float), intent(out) :: Wu_panel(0:((dff) / 16) * dm * 16 - 1)
     real(c_float), intent(out) :: Wd_panel(0:((dm) / 16) * dff * 16 - 1)
     integer(c_int64_t) :: e_tile, c, lane, b, i_blk, i_tile, i, e, c_tile, Wg_panel_row, X_row0, &
-        & X_row1, X_row2, X_row3, X_row4, X_row5, Wu_panel_row, H_row, Wd_panel_row, H_row0, &
-        & H_row1, H_row2, H_row3, H_row4, H_row5
+        & X_row1, X_row2, X_row3, X_row4, X_row5, Wu_panel_row, H_row, U_row, Wd_panel_row, &
+        & H_row0, H_row1, H_row2, H_row3, H_row4, H_row5
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, acc_1_0, &
         & acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, acc_1_9, &
@@ -1369,13 +1372,14 @@ contains
     !$omp end parallel do
     ! H.pointwise: reads U; scratch H
     ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, H_row)
+    !$omp parallel do collapse(2) schedule(static) private(e, H_row, U_row)
     do b = 0, batch - 1
       do i = 0, n - 1
         H_row = dff*(b*n + i)
+        U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, 16*((dff) / 16) - 1
-          H(H_row + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + e))) * &
+          H(H_row + e) = U(U_row + e) * 1.0_c_float / (1.0_c_float + exp(-U(U_row + e))) * &
               & H(H_row + e)
         end do
       end do
@@ -1383,17 +1387,18 @@ contains
     !$omp end parallel do
     ! H.edge: reads X, Wu, U; scratch H
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, U_row, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
+        U_row = dff*(b*n + i)
         do e = 16*((dff) / 16), dff - 1
           xu = 0.0_c_float
           !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + X(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
-          H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
-              & e))) * xu
+          H(dff*(b*n + i) + e) = U(U_row + e) * 1.0_c_float / (1.0_c_float + exp(-U(U_row + e))) &
+              & * xu
         end do
       end do
     end do

@@ -21,7 +21,7 @@ from moagen.kernels.mlp import TILE_DEFAULTS
 from moagen.moa import scalar as S
 from moagen.onf.interpret import run_onf
 from moagen.onf.layout import apply_layout
-from moagen.onf.loops import Let, Loop, Store, Update, walk
+from moagen.onf.loops import Let, Loop, Store, Update, stmt_exprs, walk
 from moagen.onf.partials import PartialSums
 from moagen.onf.realize import initial_onf
 from moagen.onf.reductions import LowerReductions
@@ -104,8 +104,8 @@ def test_register_tile_keeps_mr_by_nr_accumulators_and_an_edge_for_the_last_colu
 
 
 def test_a_tile_stores_its_sums_and_a_pointwise_nest_applies_the_rest():
-    """H = silu(U) * (X Wu): the tile stores the sums (vector stores), a parallel nest over
-    the tiled columns multiplies by silu(U) (a vectorized loop of exponentials); the edge
+    """H = U sigmoid(U) * (X Wu): the tile stores the sums (vector stores), a parallel nest over
+    the tiled columns multiplies by U sigmoid(U) (a vectorized loop of exponentials); the edge
     columns compute the whole value."""
     nests = {n.label: n for n in onf_of("mlp_fwd", "tiled").nests}
     assert [label for label in nests if label.startswith("H")] == \
@@ -114,7 +114,7 @@ def test_a_tile_stores_its_sums_and_a_pointwise_nest_applies_the_rest():
     assert all(isinstance(s.value, S.Local) for s in tile_stores)
     (apply,) = [s for s in walk(nests["H.pointwise"].body) if isinstance(s, Store)]
     assert S.Load("H", apply.index[0]) in list(S.subexpressions(apply.value))
-    assert any(isinstance(e, S.Un) and e.fn == "silu" for e in S.subexpressions(apply.value))
+    assert any(isinstance(e, S.Un) and e.fn == "sigmoid" for e in S.subexpressions(apply.value))
     cols = next(s for s in walk(nests["H.pointwise"].body) if isinstance(s, Loop) and s.simd)
     assert str(cols.stop) == "8*idiv(dff, 8)" and nests["H.pointwise"].body[0].parallel == 2
     assert "U.pointwise" not in nests  # a plain sum: nothing to apply
@@ -343,3 +343,15 @@ def test_the_backward_takes_what_the_forward_returns_in_that_order():
                                                eps=1e-5)
         for got, ref in zip(grads, want):
             np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-12)
+
+
+def test_the_mlp_backward_takes_one_sigmoid_of_u_for_du_and_dv():
+    """dU and dV in one elementwise nest (tiled): U and dH read once a row, and the sigmoid
+    of U that both take (silu's value and its derivative) computed once."""
+    nests = {n.label: n for n in onf_of("mlp_bwd", "tiled").nests}
+    assert "dU" not in nests and "dV" not in nests
+    stmts = list(walk(nests["dU_dV"].body))
+    assert {s.array for s in stmts if isinstance(s, Store)} == {"dU", "dV"}
+    sigmoids = [e for s in stmts for x in stmt_exprs(s) for e in S.subexpressions(x)
+                if isinstance(e, S.Un) and e.fn == "sigmoid"]
+    assert len(sigmoids) == 1

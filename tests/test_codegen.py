@@ -8,13 +8,15 @@ from moagen import build
 from moagen.build import CUDA_ARCHS
 from moagen.cli import GENERATED
 from moagen.codegen.emit import emit, filename, stem
+from moagen.codegen.c import CPrinter
+from moagen.codegen.cuda import CudaPrinter
 from moagen.codegen.fortran import FortranPrinter
 from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import KERNELS, CompositeKernel
 from moagen.moa.dnf import psi_reduce
-from moagen.moa.expr import array, inner, transpose
+from moagen.moa.expr import array, inner, rsqrt, sigmoid, transpose
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.loops import format_onf
+from moagen.onf.loops import Store, format_onf, walk
 from moagen.onf.realize import realize
 from moagen.pipeline import onf_of
 from moagen.targets import LANGS, TARGETS
@@ -190,3 +192,16 @@ def test_long_fortran_lines_wrap_at_one_indent():
     assert len(out) > 10 and all(len(piece) <= LINE for piece in out)
     assert all(piece.startswith("        & ") for piece in out[1:])
     assert [w for piece in out for w in piece.split() if w != "&"] == line.split()
+
+
+def test_a_function_printed_as_a_quotient_is_parenthesized_as_one():
+    """rsqrt and sigmoid print as 1 / (...): as a divisor they need parentheses, else
+    a / 1 / sqrt(b) would divide by sqrt(b) instead of multiplying."""
+    A, B = array("A", "n"), array("B", "n")
+    spec = KernelSpec("quotients", (A, B), (), (Output("C", A / sigmoid(B) - A / rsqrt(B), ("i",)),))
+    onf = realize(psi_reduce(spec), "dnf", ())
+    (store,) = [s for n in onf.nests for s in walk(n.body) if isinstance(s, Store)]
+    for printer, one in ((CPrinter, "1.0"), (CudaPrinter, "1.0"), (FortranPrinter, "1.0_c_double")):
+        text = printer(onf, "float64").expr(store.value)
+        assert f"/ ({one} / ({one} + exp(-" in text, text
+        assert (f"/ ({one} / sqrt(" in text) or (printer is CudaPrinter and "/ rsqrt(" in text), text

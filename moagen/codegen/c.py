@@ -176,6 +176,6 @@ VECTOR_EXP = {"float64": "double exp(double)", "float32": "float expf(float)"}
 
 
 def _calls_exp(onf):
-    return any(isinstance(x, S.Un) and x.fn in ("exp", "silu")
+    return any(isinstance(x, S.Un) and x.fn in ("exp", "sigmoid")
                for n in onf.nests for s in walk(n.body) for e in stmt_exprs(s)
                for x in S.subexpressions(e))

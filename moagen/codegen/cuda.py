@@ -124,6 +124,8 @@ class CudaPrinter(CPrinter):
         text = self.index(e)
         return text if e.is_Atom else f"({text})"
 
+    QUOTIENTS = ("sigmoid",)
+
     def unary(self, fn, arg, node):
         if fn == "rsqrt":  # CUDA's rsqrt / rsqrtf
             return self.call("rsqrt", arg)

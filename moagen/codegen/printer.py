@@ -177,13 +177,18 @@ class Printer:
 
     def _operand(self, child, op, right_side):
         text = self.expr(child)
-        if isinstance(child, S.Bin) and child.op in PRECEDENCE:
-            mine, theirs = PRECEDENCE[op], PRECEDENCE[child.op]
+        infix = (child.op if isinstance(child, S.Bin) else
+                 "/" if isinstance(child, S.Un) and child.fn in self.QUOTIENTS else None)
+        if infix in PRECEDENCE:
+            mine, theirs = PRECEDENCE[op], PRECEDENCE[infix]
             if theirs < mine or (right_side and theirs == mine and op in "-/"):
                 return f"({text})"
         if isinstance(child, S.Num) and child.value < 0:
             return f"({text})"
         return text
+
+    # the functions `unary` prints as a quotient (1 / ...): an operand then as a "/" is
+    QUOTIENTS = ("rsqrt", "sigmoid")
 
     def unary(self, fn, arg, node) -> str:
         one = self.number(1.0)
@@ -192,8 +197,8 @@ class Printer:
             return f"-{wrapped}"
         if fn == "rsqrt":
             return f"{one} / {self.call('sqrt', arg)}"
-        if fn == "silu":
-            return f"{wrapped} / ({one} + {self.call('exp', '-' + wrapped)})"
+        if fn == "sigmoid":
+            return f"{one} / ({one} + {self.call('exp', '-' + wrapped)})"
         return self.call(fn, arg)
 
     def load(self, array, offset) -> str:

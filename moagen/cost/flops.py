@@ -2,7 +2,7 @@
 
 Each +, -, *, max, min and negation is one flop (a multiply-add is two); an accumulation
 (`acc += x`, `O[..] += x`, `m max= x`) adds one. Division and the elementwise functions
-(exp, log, sqrt, rsqrt, silu) are counted apart: they cost many flops' time, and the series
+(exp, log, sqrt, rsqrt, sigmoid) are counted apart: they cost many flops' time, and the series
 lists them apart.
 """
 from collections import Counter

@@ -24,6 +24,7 @@ from moagen.moa.expr import Named, Transpose, array, inner, lift, named, psi, si
 from moagen.moa.grad import grad
 from moagen.moa.rewrites import transform_outputs
 from moagen.moa.spec import KernelSpec, Output
+from moagen.onf.fusion import FuseNests
 from moagen.onf.schedule import Hoist, Parallel
 from moagen.onf.tiling import RegisterTile
 
@@ -88,6 +89,7 @@ def backward_spec() -> KernelSpec:
 FORWARD_TEMPS = frozenset({"H"})
 BACKWARD_TEMPS = frozenset({"V", "XT", "HT", "dH", "dV", "dU", "WdT", "WgT", "WuT"})
 ROWS = ("b", "i")
+ELEMENTWISE = "dU_dV"  # the tiled backward's fused elementwise nest
 # the nests of each kernel: row-wise products (tiled rows x cols), weight gradients (tiled
 # weight rows x cols), elementwise row nests, the weights' transposes (weight rows) and the
 # per-batch transposes of row operands (their rows)
@@ -128,7 +130,13 @@ def _tiled(nests, mr, nr, row_block):
         tile = RegisterTile(label, rows, cols, mr, nr)
         schedule.append(tile)
         mapping += [Parallel((tile.col_tiles,), nest=label), Parallel((rows,), nest=tile.edge)]
-    mapping += [Parallel(ROWS, nest=n) for n in nests["elementwise"]]
+    elementwise = nests["elementwise"]
+    if len(elementwise) > 1:
+        # one pass over the rows for all of them: the operands they share (dH, U) read
+        # once, and an exponential of U both take computed once (the compiler's CSE)
+        schedule.append(FuseNests(elementwise, over=ROWS, name=ELEMENTWISE))
+        elementwise = (ELEMENTWISE,)
+    mapping += [Parallel(ROWS, nest=n) for n in elementwise]
     return Layers(schedule=(*schedule, Hoist()), mapping=cpu(*mapping, *_transposes(nests)))
 
 

@@ -18,7 +18,7 @@ Shape = Tuple[sympy.Expr, ...]
 
 BINARY_OPS = ("+", "-", "*", "/", "max", "min")
 COMPARISONS = ("<", "<=", ">", ">=", "==")  # only in a Where's condition, on indices
-UNARY_FNS = ("exp", "log", "sqrt", "rsqrt", "silu", "neg")
+UNARY_FNS = ("exp", "log", "sqrt", "rsqrt", "sigmoid", "neg")
 REDUCE_OPS = ("+", "max")
 
 
@@ -373,8 +373,15 @@ def rsqrt(a):
     return Map("rsqrt", as_expr(a))
 
 
+def sigmoid(a):
+    return Map("sigmoid", as_expr(a))
+
+
 def silu(a):
-    return Map("silu", as_expr(a))
+    """a * sigmoid(a), written out: its derivative sigmoid(a) (1 + a (1 - sigmoid(a))) and
+    the value then share one sigmoid, which a nest computing both evaluates once."""
+    a = as_expr(a)
+    return a * sigmoid(a)
 
 
 def maximum(a, b):

@@ -12,7 +12,7 @@ node's cotangent the sum of what its users send it, by one rule per node kind:
     A +.x B                  ->  dA = G +.x B^T,  dB = A^T +.x G
     +/ along the last axis   ->  G, spread along that axis (a "cell", below)
     omega(op, A, r)          ->  dA as elementwise; dr = the sum of G (x A) over the lifted axes
-    exp, log, rsqrt, silu    ->  G times the derivative, from the node's own value
+    exp, log, rsqrt, sigmoid ->  G times the derivative, from the node's own value
     where(cond, A, B)        ->  dA = where(cond, G, 0), dB = where(cond, 0, G)
     softmax (stable)         ->  dS = P * omega(-, G, delta), delta = rowsum(G * P)
 
@@ -352,9 +352,8 @@ class _Adjoints:
             return C.over(C.times(g, E.Const(0.5)), y)
         if node.fn == "rsqrt":  # d x^(-1/2) = -1/2 x^(-3/2) = -1/2 y^3
             return C.times(g, -0.5 * (y * y * y))
-        if node.fn == "silu":  # sigmoid(x) (1 + x (1 - sigmoid(x)))
-            s = 1.0 / (1.0 + E.exp(-x))
-            return C.times(g, s * (1.0 + x * (1.0 - s)))
+        if node.fn == "sigmoid":  # d sigmoid(x) = sigmoid(x) (1 - sigmoid(x))
+            return C.times(g, y * (1.0 - y))
         if node.fn == "neg":
             return -g
         raise SpecError(f"grad: no adjoint rule for {E.describe(node)}")

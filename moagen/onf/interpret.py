@@ -26,7 +26,7 @@ UNARY = {
     "exp": math.exp,
     "sqrt": math.sqrt,
     "rsqrt": lambda x: 1.0 / math.sqrt(x),
-    "silu": lambda x: x / (1.0 + math.exp(-x)),
+    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)),
     "neg": lambda x: -x,
     "log": math.log,
 }

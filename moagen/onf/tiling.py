@@ -106,7 +106,7 @@ class RegisterTile(Step):
         if self.pack:
             body, pack = self._pack(body, outer, rows, cols, c_tile, sums, loop_vars, new_var, names)
 
-        # a tile stores its sums; what the value does with the sum (silu(U) * sum) is a
+        # a tile stores its sums; what the value does with the sum (U sigmoid(U) * sum) is a
         # pointwise nest of its own after it: in the tile's last step it would keep the
         # compiler from holding the accumulators in vector registers (each lane taken out
         # for a scalar call)
