@@ -26,9 +26,11 @@ def machine_key() -> str:
 
 
 def candidates(variant) -> list:
+    """The combinations of the variant's space that its schedule takes."""
     names = list(variant.space)
-    return [dict(zip(names, values))
-            for values in itertools.product(*(variant.space[n] for n in names))]
+    combinations = (dict(zip(names, values))
+                    for values in itertools.product(*(variant.space[n] for n in names)))
+    return [c for c in combinations if variant.accepts is None or variant.accepts(**c)]
 
 
 def search(kernel: str, variant: str, lang: str, dtype: str, n: int, repeats: int = 5,

@@ -34,6 +34,7 @@ class Variant:
     space: Mapping[str, Tuple[int, ...]] = field(default_factory=dict)
     # dtype -> the CPU defaults it overrides where the compiler targets AVX-512 (Tunable)
     avx512: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    accepts: Optional[Callable[..., bool]] = None  # Tunable's
 
     def defaults_for(self, target: str = "cpu", dtype: str = "float64") -> Dict[str, int]:
         target, dtype = DEFAULTS_OF.get(target, target), check_dtype(dtype)
@@ -154,7 +155,7 @@ def _declared(module, table, kernel):
 def _variant(name, entry):
     if isinstance(entry, Tunable):
         return Variant(name, entry.materialize, entry.build, entry.per_target(),
-                       dict(entry.space), dict(entry.avx512))
+                       dict(entry.space), dict(entry.avx512), entry.accepts)
     materialize, layers = entry
     return Variant(name, materialize, lambda: layers)
 

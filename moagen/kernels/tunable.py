@@ -24,6 +24,9 @@ class Tunable:
     dtypes: Mapping[str, Params] = field(default_factory=dict)
     cuda_dtypes: Mapping[str, Params] = field(default_factory=dict)
     avx512: Mapping[str, Params] = field(default_factory=dict)
+    # accepts(**params): whether the schedule takes a combination of the space (a row block
+    # must hold whole tiles); None: every combination
+    accepts: Optional[Callable[..., bool]] = None
 
     def __post_init__(self):
         overridden = (("dtypes", self.dtypes), ("cuda_dtypes", self.cuda_dtypes),

@@ -124,4 +124,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     _check("moagen.torch.attention", q, k, v, lang)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     group = q.shape[1] // k.shape[1]
-    return attention_op(q, repeat_kv(k, group), repeat_kv(v, group), causal, scale, lang)[0]
+    # made contiguous here, not inside the operator: the operator saves its arguments for
+    # the backward, which would otherwise copy a transposed q a second time
+    return attention_op(q.contiguous(), repeat_kv(k, group).contiguous(),
+                        repeat_kv(v, group).contiguous(), causal, scale, lang)[0]
