@@ -133,7 +133,7 @@ def _tiled(nests, mr, nr, row_block):
     elementwise = nests["elementwise"]
     if len(elementwise) > 1:
         # one pass over the rows for all of them: the operands they share (dH, U) read
-        # once, and an exponential of U both take computed once (the compiler's CSE)
+        # once, and the sigmoid of U both take computed once (Hoist shares it)
         schedule.append(FuseNests(elementwise, over=ROWS, name=ELEMENTWISE))
         elementwise = (ELEMENTWISE,)
     mapping += [Parallel(ROWS, nest=n) for n in elementwise]
@@ -155,7 +155,8 @@ TILE_DTYPE_DEFAULTS = {"float32": {"nr": 16}}
 # spill. Blocks of 64 rows (8 tiles of 8) split a power of two of rows into blocks the
 # threads share evenly (1024 rows: 16 blocks; in 96's 11, one thread took 6): 3-10% faster
 # at 1024 rows, forward and backward, both dtypes, the tiny LM's sizes and the bench's
-# model (docs/PERFORMANCE.md, "Row blocks the threads share evenly")
+# model (docs/PERFORMANCE.md, "The tiny LM's step by operator; one sigmoid; row blocks the
+# threads share evenly")
 TILE_AVX512 = {"float64": {"mr": 8, "nr": 16, "row_block": 64},
                "float32": {"mr": 8, "nr": 32, "row_block": 64}}
 
