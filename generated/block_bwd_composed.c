@@ -11,16 +11,17 @@
  * WdT[c, e] = (<e c> psi Wd)
  * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
  * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
- * WgT[e, c] = (<c e> psi Wg)
  * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * (<b i e> psi U) * sigmoid((<b i e> psi U)) * (1.0 - sigmoid((<b i e> psi U))) + (<b i e> psi dH) * (<b i e> psi V) * sigmoid((<b i e> psi U))
  * dV[b, i, e] = (<b i e> psi dH) * (<b i e> psi U) * sigmoid((<b i e> psi U))
+ * H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
+ * WgT[e, c] = (<c e> psi Wg)
  * WuT[e, c] = (<c e> psi Wu)
  * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
  *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
  * XT[b, c, i] = (<b i c> psi X)
  * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
  * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
- * HT[b, e, i] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
+ * HT[b, e, i] = (<b i e> psi H)
  * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
  * stage norm2: rmsnorm_bwd dnf
  * dx[b, i, c] = (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
@@ -147,6 +148,7 @@ void block_bwd_composed_f64(
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
     double *restrict mlp_XT,
+    double *restrict mlp_H,
     double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
@@ -597,6 +599,26 @@ void block_bwd_composed_f64(
             }
         }
     }
+    /* mlp.dU_dV_H: reads U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH, mlp_V
+     * for b, i (parallel) / e (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t mlp_dH_row = dff*(b*n + i);
+            const int64_t mlp_V_row = dff*(b*n + i);
+            const int64_t U_row = dff*(b*n + i);
+            #pragma omp simd
+            for (int64_t e = 0; e < dff; ++e) {
+                const double t2 = mlp_dH[mlp_dH_row + e] * mlp_V[mlp_V_row + e];
+                const double t3 = 1.0 / (1.0 + exp(-U[U_row + e]));
+                mlp_dU[dff*(b*n + i) + e] = t2 * U[U_row + e] * t3 * (1.0 - t3) + t2 * t3;
+                const double t = U[U_row + e] * t3;
+                mlp_dV[dff*(b*n + i) + e] = mlp_dH[mlp_dH_row + e] * t;
+                mlp_H[dff*(b*n + i) + e] = t * mlp_V[mlp_V_row + e];
+            }
+        }
+    }
     /* mlp.WgT: reads Wg; scratch mlp_WgT
      * for e (parallel) / c (simd)
      */
@@ -605,23 +627,6 @@ void block_bwd_composed_f64(
         #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             mlp_WgT[c + dm*e] = Wg[c*dff + e];
-        }
-    }
-    /* mlp.dU_dV: reads U; scratch mlp_dU, mlp_dV, mlp_dH, mlp_V
-     * for b, i (parallel) / e (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dH_row = dff*(b*n + i);
-            const int64_t U_row = dff*(b*n + i);
-            #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                const double t = mlp_dH[mlp_dH_row + e] * mlp_V[dff*(b*n + i) + e];
-                const double t2 = 1.0 / (1.0 + exp(-U[U_row + e]));
-                mlp_dU[dff*(b*n + i) + e] = t * U[U_row + e] * t2 * (1.0 - t2) + t * t2;
-                mlp_dV[dff*(b*n + i) + e] = mlp_dH[mlp_dH_row + e] * U[U_row + e] * t2;
-            }
         }
     }
     /* mlp.WuT: reads Wu; scratch mlp_WuT
@@ -1255,7 +1260,7 @@ void block_bwd_composed_f64(
             dWu[c*dff + e] = over_b;
         }
     }
-    /* mlp.HT: reads U; scratch mlp_HT, mlp_V
+    /* mlp.HT: scratch mlp_HT, mlp_H
      * for b, e (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -1263,7 +1268,7 @@ void block_bwd_composed_f64(
         for (int64_t e = 0; e < dff; ++e) {
             #pragma omp simd
             for (int64_t i = 0; i < n; ++i) {
-                mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] * 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+                mlp_HT[i + n*(b*dff + e)] = mlp_H[dff*(b*n + i) + e];
             }
         }
     }
@@ -4926,6 +4931,7 @@ void block_bwd_composed_f32(
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
     float *restrict mlp_XT,
+    float *restrict mlp_H,
     float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
@@ -5664,6 +5670,26 @@ void block_bwd_composed_f32(
             }
         }
     }
+    /* mlp.dU_dV_H: reads U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH, mlp_V
+     * for b, i (parallel) / e (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t mlp_dH_row = dff*(b*n + i);
+            const int64_t mlp_V_row = dff*(b*n + i);
+            const int64_t U_row = dff*(b*n + i);
+            #pragma omp simd
+            for (int64_t e = 0; e < dff; ++e) {
+                const float t2 = mlp_dH[mlp_dH_row + e] * mlp_V[mlp_V_row + e];
+                const float t3 = 1.0f / (1.0f + expf(-U[U_row + e]));
+                mlp_dU[dff*(b*n + i) + e] = t2 * U[U_row + e] * t3 * (1.0f - t3) + t2 * t3;
+                const float t = U[U_row + e] * t3;
+                mlp_dV[dff*(b*n + i) + e] = mlp_dH[mlp_dH_row + e] * t;
+                mlp_H[dff*(b*n + i) + e] = t * mlp_V[mlp_V_row + e];
+            }
+        }
+    }
     /* mlp.WgT: reads Wg; scratch mlp_WgT
      * for e (parallel) / c (simd)
      */
@@ -5672,23 +5698,6 @@ void block_bwd_composed_f32(
         #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             mlp_WgT[c + dm*e] = Wg[c*dff + e];
-        }
-    }
-    /* mlp.dU_dV: reads U; scratch mlp_dU, mlp_dV, mlp_dH, mlp_V
-     * for b, i (parallel) / e (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_dH_row = dff*(b*n + i);
-            const int64_t U_row = dff*(b*n + i);
-            #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                const float t = mlp_dH[mlp_dH_row + e] * mlp_V[dff*(b*n + i) + e];
-                const float t2 = 1.0f / (1.0f + expf(-U[U_row + e]));
-                mlp_dU[dff*(b*n + i) + e] = t * U[U_row + e] * t2 * (1.0f - t2) + t * t2;
-                mlp_dV[dff*(b*n + i) + e] = mlp_dH[mlp_dH_row + e] * U[U_row + e] * t2;
-            }
         }
     }
     /* mlp.WuT: reads Wu; scratch mlp_WuT
@@ -6754,7 +6763,7 @@ void block_bwd_composed_f32(
             dWu[c*dff + e] = over_b;
         }
     }
-    /* mlp.HT: reads U; scratch mlp_HT, mlp_V
+    /* mlp.HT: scratch mlp_HT, mlp_H
      * for b, e (parallel) / i (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -6762,7 +6771,7 @@ void block_bwd_composed_f32(
         for (int64_t e = 0; e < dff; ++e) {
             #pragma omp simd
             for (int64_t i = 0; i < n; ++i) {
-                mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] * 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+                mlp_HT[i + n*(b*dff + e)] = mlp_H[dff*(b*n + i) + e];
             }
         }
     }

@@ -10,16 +10,17 @@
 ! WdT[c, e] = (<e c> psi Wd)
 ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
 ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-! WgT[e, c] = (<c e> psi Wg)
 ! dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * (<b i e> psi U) * sigmoid((<b i e> psi U)) * (1.0 - sigmoid((<b i e> psi U))) + (<b i e> psi dH) * (<b i e> psi V) * sigmoid((<b i e> psi U))
 ! dV[b, i, e] = (<b i e> psi dH) * (<b i e> psi U) * sigmoid((<b i e> psi U))
+! H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
+! WgT[e, c] = (<c e> psi Wg)
 ! WuT[e, c] = (<c e> psi Wu)
 ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
 !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
 ! XT[b, c, i] = (<b i c> psi X)
 ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
 ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
-! HT[b, e, i] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
+! HT[b, e, i] = (<b i e> psi H)
 ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
 ! stage norm2: rmsnorm_bwd dnf
 ! dx[b, i, c] = (<b i c> psi dz) * (<b i> psi inv_rms) * (<c> psi weight)
@@ -94,7 +95,7 @@ contains
   subroutine block_bwd_composed_f64(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, &
       & V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, &
       & dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, &
-      & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, &
+      & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, &
       & mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
       & norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, &
       & attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, &
@@ -152,6 +153,7 @@ contains
     real(c_double), intent(out) :: mlp_dV(0:batch * n * dff - 1)
     real(c_double), intent(out) :: mlp_WuT(0:dff * dm - 1)
     real(c_double), intent(out) :: mlp_XT(0:batch * dm * n - 1)
+    real(c_double), intent(out) :: mlp_H(0:batch * n * dff - 1)
     real(c_double), intent(out) :: mlp_HT(0:batch * dff * n - 1)
     real(c_double), intent(out) :: mlp_WdT_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
@@ -186,26 +188,26 @@ contains
         & j_part, a0, a1, a2, a3, a0b, a1b, a2b, a3b, lane2, j_in_tile_blk, j_in_tile, j_in, &
         & mlp_WdT_panel_row, dy_row0, dy_row1, dy_row2, dy_row3, dy_row4, dy_row5, &
         & mlp_Wu_panel_row, xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, &
-        & mlp_dH_row, U_row, mlp_WgT_panel_row, mlp_WuT_panel_row, mlp_dU_row0, mlp_dU_row1, &
-        & mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, mlp_dV_row1, &
-        & mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, mlp_dU_panel_row, mlp_dU_row, &
-        & mlp_XT_row0, mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, mlp_XT_row5, &
-        & mlp_dV_panel_row, mlp_dV_row, mlp_dF_panel_row, dy_row, mlp_HT_row0, mlp_HT_row1, &
-        & mlp_HT_row2, mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, out_WoT_panel_row, out_WoT_row, &
-        & dresid_row0, dresid_row1, dresid_row2, dresid_row3, dresid_row4, dresid_row5, &
-        & dattn_row, out_dY_panel_row, dresid_row, attn_row, attn_dQ_part_row, attn_Q_panel_row, &
-        & attn_dO_panel_row, Q_row, attn_dQ_part_row0, attn_dQ_part_row1, Q_row0, Q_row1, &
-        & dattn_row0, dattn_row1, dQ_row, qkv_WqT_panel_row, qkv_WqT_row, qkv_WkT_panel_row, &
-        & qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, dQ_row2, dQ_row3, &
-        & dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, dK_row5, dV_row0, &
-        & dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, qkv_dQ_panel_row, &
-        & qkv_dK_panel_row, qkv_dV_panel_row
+        & mlp_dH_row, mlp_V_row, U_row, mlp_WgT_panel_row, mlp_WuT_panel_row, mlp_dU_row0, &
+        & mlp_dU_row1, mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, &
+        & mlp_dV_row1, mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, mlp_dU_panel_row, &
+        & mlp_dU_row, mlp_XT_row0, mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, &
+        & mlp_XT_row5, mlp_dV_panel_row, mlp_dV_row, mlp_dF_panel_row, dy_row, mlp_HT_row0, &
+        & mlp_HT_row1, mlp_HT_row2, mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, out_WoT_panel_row, &
+        & out_WoT_row, dresid_row0, dresid_row1, dresid_row2, dresid_row3, dresid_row4, &
+        & dresid_row5, dattn_row, out_dY_panel_row, dresid_row, attn_row, attn_dQ_part_row, &
+        & attn_Q_panel_row, attn_dO_panel_row, Q_row, attn_dQ_part_row0, attn_dQ_part_row1, &
+        & Q_row0, Q_row1, dattn_row0, dattn_row1, dQ_row, qkv_WqT_panel_row, qkv_WqT_row, &
+        & qkv_WkT_panel_row, qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, &
+        & dQ_row2, dQ_row3, dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, &
+        & dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, &
+        & qkv_dQ_panel_row, qkv_dK_panel_row, qkv_dV_panel_row
     real(c_double) :: inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
         & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
         & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
         & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
-        & acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfwd, xu, t, t2, acc, over_b, total, &
+        & acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfwd, xu, t2, t3, t, acc, over_b, total, &
         & dweight_sum, dywo, ody, rowdot, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, &
         & qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_1_0, &
         & qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_1_8, qk_1_9, qk_1_10, &
@@ -686,6 +688,27 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.dU_dV_H: reads U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH, mlp_V
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, mlp_dH_row, mlp_V_row, U_row, t2, &
+    !$omp& t3, t)
+    do b = 0, batch - 1
+      do i = 0, n - 1
+        mlp_dH_row = dff*(b*n + i)
+        mlp_V_row = dff*(b*n + i)
+        U_row = dff*(b*n + i)
+        !$omp simd
+        do e = 0, dff - 1
+          t2 = mlp_dH(mlp_dH_row + e) * mlp_V(mlp_V_row + e)
+          t3 = 1.0_c_double / (1.0_c_double + exp(-U(U_row + e)))
+          mlp_dU(dff*(b*n + i) + e) = t2 * U(U_row + e) * t3 * (1.0_c_double - t3) + t2 * t3
+          t = U(U_row + e) * t3
+          mlp_dV(dff*(b*n + i) + e) = mlp_dH(mlp_dH_row + e) * t
+          mlp_H(dff*(b*n + i) + e) = t * mlp_V(mlp_V_row + e)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.WgT: reads Wg; scratch mlp_WgT
     ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
@@ -693,23 +716,6 @@ contains
       !$omp simd
       do c = 0, dm - 1
         mlp_WgT(c + dm*e) = Wg(c*dff + e)
-      end do
-    end do
-    !$omp end parallel do
-    ! mlp.dU_dV: reads U; scratch mlp_dU, mlp_dV, mlp_dH, mlp_V
-    ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, mlp_dH_row, U_row, t, t2)
-    do b = 0, batch - 1
-      do i = 0, n - 1
-        mlp_dH_row = dff*(b*n + i)
-        U_row = dff*(b*n + i)
-        !$omp simd
-        do e = 0, dff - 1
-          t = mlp_dH(mlp_dH_row + e) * mlp_V(dff*(b*n + i) + e)
-          t2 = 1.0_c_double / (1.0_c_double + exp(-U(U_row + e)))
-          mlp_dU(dff*(b*n + i) + e) = t * U(U_row + e) * t2 * (1.0_c_double - t2) + t * t2
-          mlp_dV(dff*(b*n + i) + e) = mlp_dH(mlp_dH_row + e) * U(U_row + e) * t2
-        end do
       end do
     end do
     !$omp end parallel do
@@ -1496,15 +1502,14 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.HT: reads U; scratch mlp_HT, mlp_V
+    ! mlp.HT: scratch mlp_HT, mlp_H
     ! for b, e (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do e = 0, dff - 1
         !$omp simd
         do i = 0, n - 1
-          mlp_HT(i + n*(b*dff + e)) = U(dff*(b*n + i) + e) * 1.0_c_double / (1.0_c_double + &
-              & exp(-U(dff*(b*n + i) + e))) * mlp_V(dff*(b*n + i) + e)
+          mlp_HT(i + n*(b*dff + e)) = mlp_H(dff*(b*n + i) + e)
         end do
       end do
     end do
@@ -7659,7 +7664,7 @@ contains
   subroutine block_bwd_composed_f32(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, &
       & V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, &
       & dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, &
-      & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, &
+      & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, &
       & mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
       & norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, &
       & attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, &
@@ -7717,6 +7722,7 @@ contains
     real(c_float), intent(out) :: mlp_dV(0:batch * n * dff - 1)
     real(c_float), intent(out) :: mlp_WuT(0:dff * dm - 1)
     real(c_float), intent(out) :: mlp_XT(0:batch * dm * n - 1)
+    real(c_float), intent(out) :: mlp_H(0:batch * n * dff - 1)
     real(c_float), intent(out) :: mlp_HT(0:batch * dff * n - 1)
     real(c_float), intent(out) :: mlp_WdT_panel(0:((dff) / 16) * dm * 16 - 1)
     real(c_float), intent(out) :: mlp_Wu_panel(0:((dff) / 16) * dm * 16 - 1)
@@ -7751,20 +7757,20 @@ contains
         & j_part, a0, a1, a2, a3, a0b, a1b, a2b, a3b, lane2, j_in_tile_blk, j_in_tile, j_in, &
         & mlp_WdT_panel_row, dy_row0, dy_row1, dy_row2, dy_row3, dy_row4, dy_row5, &
         & mlp_Wu_panel_row, xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, &
-        & mlp_dH_row, U_row, mlp_WgT_panel_row, mlp_WuT_panel_row, mlp_dU_row0, mlp_dU_row1, &
-        & mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, mlp_dV_row1, &
-        & mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, mlp_dU_panel_row, mlp_dU_row, &
-        & mlp_XT_row0, mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, mlp_XT_row5, &
-        & mlp_dV_panel_row, mlp_dV_row, mlp_dF_panel_row, dy_row, mlp_HT_row0, mlp_HT_row1, &
-        & mlp_HT_row2, mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, out_WoT_panel_row, out_WoT_row, &
-        & dresid_row0, dresid_row1, dresid_row2, dresid_row3, dresid_row4, dresid_row5, &
-        & dattn_row, out_dY_panel_row, dresid_row, attn_row, attn_dQ_part_row, attn_Q_panel_row, &
-        & attn_dO_panel_row, Q_row, attn_dQ_part_row0, attn_dQ_part_row1, Q_row0, Q_row1, &
-        & dattn_row0, dattn_row1, dQ_row, qkv_WqT_panel_row, qkv_WqT_row, qkv_WkT_panel_row, &
-        & qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, dQ_row2, dQ_row3, &
-        & dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, dK_row5, dV_row0, &
-        & dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, qkv_dQ_panel_row, &
-        & qkv_dK_panel_row, qkv_dV_panel_row
+        & mlp_dH_row, mlp_V_row, U_row, mlp_WgT_panel_row, mlp_WuT_panel_row, mlp_dU_row0, &
+        & mlp_dU_row1, mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, &
+        & mlp_dV_row1, mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, mlp_dU_panel_row, &
+        & mlp_dU_row, mlp_XT_row0, mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, &
+        & mlp_XT_row5, mlp_dV_panel_row, mlp_dV_row, mlp_dF_panel_row, dy_row, mlp_HT_row0, &
+        & mlp_HT_row1, mlp_HT_row2, mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, out_WoT_panel_row, &
+        & out_WoT_row, dresid_row0, dresid_row1, dresid_row2, dresid_row3, dresid_row4, &
+        & dresid_row5, dattn_row, out_dY_panel_row, dresid_row, attn_row, attn_dQ_part_row, &
+        & attn_Q_panel_row, attn_dO_panel_row, Q_row, attn_dQ_part_row0, attn_dQ_part_row1, &
+        & Q_row0, Q_row1, dattn_row0, dattn_row1, dQ_row, qkv_WqT_panel_row, qkv_WqT_row, &
+        & qkv_WkT_panel_row, qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, &
+        & dQ_row2, dQ_row3, dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, &
+        & dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, &
+        & qkv_dQ_panel_row, qkv_dK_panel_row, qkv_dV_panel_row
     real(c_float) :: inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, &
@@ -7776,7 +7782,7 @@ contains
         & acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, &
         & acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, &
         & acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15, dfwd, xu, &
-        & t, t2, acc, over_b, total, dweight_sum, dywo, ody, rowdot, qk_0_0, qk_0_1, qk_0_2, &
+        & t2, t3, t, acc, over_b, total, dweight_sum, dywo, ody, rowdot, qk_0_0, qk_0_1, qk_0_2, &
         & qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, &
         & qk_0_13, qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, &
         & qk_1_7, qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, &
@@ -8556,6 +8562,27 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.dU_dV_H: reads U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH, mlp_V
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, mlp_dH_row, mlp_V_row, U_row, t2, &
+    !$omp& t3, t)
+    do b = 0, batch - 1
+      do i = 0, n - 1
+        mlp_dH_row = dff*(b*n + i)
+        mlp_V_row = dff*(b*n + i)
+        U_row = dff*(b*n + i)
+        !$omp simd
+        do e = 0, dff - 1
+          t2 = mlp_dH(mlp_dH_row + e) * mlp_V(mlp_V_row + e)
+          t3 = 1.0_c_float / (1.0_c_float + exp(-U(U_row + e)))
+          mlp_dU(dff*(b*n + i) + e) = t2 * U(U_row + e) * t3 * (1.0_c_float - t3) + t2 * t3
+          t = U(U_row + e) * t3
+          mlp_dV(dff*(b*n + i) + e) = mlp_dH(mlp_dH_row + e) * t
+          mlp_H(dff*(b*n + i) + e) = t * mlp_V(mlp_V_row + e)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.WgT: reads Wg; scratch mlp_WgT
     ! for e (parallel) / c (simd)
     !$omp parallel do collapse(1) schedule(static) private(c)
@@ -8563,23 +8590,6 @@ contains
       !$omp simd
       do c = 0, dm - 1
         mlp_WgT(c + dm*e) = Wg(c*dff + e)
-      end do
-    end do
-    !$omp end parallel do
-    ! mlp.dU_dV: reads U; scratch mlp_dU, mlp_dV, mlp_dH, mlp_V
-    ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, mlp_dH_row, U_row, t, t2)
-    do b = 0, batch - 1
-      do i = 0, n - 1
-        mlp_dH_row = dff*(b*n + i)
-        U_row = dff*(b*n + i)
-        !$omp simd
-        do e = 0, dff - 1
-          t = mlp_dH(mlp_dH_row + e) * mlp_V(dff*(b*n + i) + e)
-          t2 = 1.0_c_float / (1.0_c_float + exp(-U(U_row + e)))
-          mlp_dU(dff*(b*n + i) + e) = t * U(U_row + e) * t2 * (1.0_c_float - t2) + t * t2
-          mlp_dV(dff*(b*n + i) + e) = mlp_dH(mlp_dH_row + e) * U(U_row + e) * t2
-        end do
       end do
     end do
     !$omp end parallel do
@@ -9972,15 +9982,14 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.HT: reads U; scratch mlp_HT, mlp_V
+    ! mlp.HT: scratch mlp_HT, mlp_H
     ! for b, e (parallel) / i (simd)
     !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
       do e = 0, dff - 1
         !$omp simd
         do i = 0, n - 1
-          mlp_HT(i + n*(b*dff + e)) = U(dff*(b*n + i) + e) * 1.0_c_float / (1.0_c_float + &
-              & exp(-U(dff*(b*n + i) + e))) * mlp_V(dff*(b*n + i) + e)
+          mlp_HT(i + n*(b*dff + e)) = mlp_H(dff*(b*n + i) + e)
         end do
       end do
     end do

@@ -345,13 +345,16 @@ def test_the_backward_takes_what_the_forward_returns_in_that_order():
             np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-12)
 
 
-def test_the_mlp_backward_takes_one_sigmoid_of_u_for_du_and_dv():
-    """dU and dV in one elementwise nest (tiled): U and dH read once a row, and the sigmoid
-    of U that both take (silu's value and its derivative) computed once."""
+def test_the_mlp_backward_takes_one_sigmoid_of_u_for_du_dv_and_h():
+    """dU, dV and H in one elementwise nest (tiled): U, V and dH read once a row, and the
+    sigmoid of U that all take (silu's value and its derivative) computed once; HT is H's
+    copy, with no sigmoid of its own."""
     nests = {n.label: n for n in onf_of("mlp_bwd", "tiled").nests}
-    assert "dU" not in nests and "dV" not in nests
-    stmts = list(walk(nests["dU_dV"].body))
-    assert {s.array for s in stmts if isinstance(s, Store)} == {"dU", "dV"}
+    assert not {"dU", "dV", "H"} & set(nests)
+    stmts = list(walk(nests["dU_dV_H"].body))
+    assert {s.array for s in stmts if isinstance(s, Store)} == {"dU", "dV", "H"}
+    assert not [e for s in walk(nests["HT"].body) for x in stmt_exprs(s)
+                for e in S.subexpressions(x) if isinstance(e, S.Un)]
     sigmoids = [e for s in stmts for x in stmt_exprs(s) for e in S.subexpressions(x)
                 if isinstance(e, S.Un) and e.fn == "sigmoid"]
     assert len(sigmoids) == 1

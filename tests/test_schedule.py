@@ -395,6 +395,32 @@ def test_sibling_fusion_moves_the_earlier_loop_down_when_the_later_cannot_move_u
     assert fuse_siblings((reads_z, zero, second)) == (reads_z, zero, second)
 
 
+def test_nest_fusion_runs_where_the_first_member_ran_when_the_others_can_move_up():
+    """[a = x;  b = a + 1;  c = 2 x] fusing a and c: a cannot move down past b (b reads
+    it), c can move up past it (they share nothing): one nest [a, c] before b, values
+    unchanged (the interpreter). When c reads b, neither can move: refused."""
+    from moagen.onf.fusion import FuseNests
+    i, n = sym("i"), sym("n")
+    x = S.Access("x", (i,))
+
+    def nest(array, value):
+        return Nest(array, (Loop(i, sympy.Integer(0), n, (Store(array, (i,), value),)),), array)
+
+    a, c = nest("a", x), nest("c", S.Bin("*", S.Num(2.0), x))
+    b = nest("b", S.Bin("+", S.Access("a", (i,)), S.Num(1.0)))
+    onf = ONF("three", "test", (Buffer("x", (n,)),), (Buffer("b", (n,)), Buffer("c", (n,))),
+              (Buffer("a", (n,)),), (n,), (), (a, b, c))
+    fused = FuseNests(("a", "c"), over=("i",), name="ac")(onf)
+    assert [nest.name or nest.target for nest in fused.nests] == ["ac", "b"]
+    xs = np.linspace(1, 2, 5)
+    got = run_onf(fused, {"x": xs}, {})
+    np.testing.assert_array_equal(got["b"], xs + 1)
+    np.testing.assert_array_equal(got["c"], 2 * xs)
+    reads_b = nest("c", S.Access("b", (i,)))
+    with pytest.raises(ScheduleError, match="nest a cannot move past nest b"):
+        FuseNests(("a", "c"), over=("i",), name="ac")(onf.with_nests([a, b, reads_b]))
+
+
 # ---- loop distribution -----------------------------------------------------------------
 
 def test_distribution_gives_each_array_its_loop_and_keeps_the_value():

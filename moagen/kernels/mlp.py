@@ -8,10 +8,10 @@ from the forward's spec by moagen.moa.grad, not written by hand):
     dH = dF Wd^T,  dV = dH * silu(U),  dU = dH * V * silu'(U)
     dWd = H^T dF,  dWg = X^T dU,  dWu = X^T dV,  dX = dU Wg^T + dV Wu^T
 
-with silu'(u) = sigmoid(u) * (1 + u * (1 - sigmoid(u))). H is computed transposed (HT), and
-X is copied transposed (XT), so that the weight gradients, sums over the rows, read their
-row operand along contiguous memory. Every inner product is register tiled in the `tiled`
-variants; the weight gradients are sums over all rows computed by
+with silu'(u) = sigmoid(u) * (1 + u * (1 - sigmoid(u))). H is stored by the pass that
+computes dU and dV (the three share one sigmoid of U) and copied transposed (HT), as X is
+(XT), so that the weight gradients, sums over the rows, read their row operand along
+contiguous memory. Every inner product is register tiled in the `tiled` variants; the weight gradients are sums over all rows computed by
 whole output tiles, so each thread owns the weights it writes: no atomics, and every sum
 runs over the rows in one fixed order.
 """
@@ -71,7 +71,9 @@ VJP = {"mlp_fwd": dict(wrt={"X": ("b",) + ROW_C, "Wg": ("c", "e"), "Wu": ("c", "
 def backward_spec() -> KernelSpec:
     """The derived backward with its transposed operands Named, so that a variant can store
     them: the weights for dX and dH, and per batch entry X and H (XT, HT), so that the
-    weight gradients, sums over the rows, read their row operand along contiguous memory."""
+    weight gradients, sums over the rows, read their row operand along contiguous memory.
+    HT is the transpose of the Named H: a variant that stores H copies it rather than
+    computing H (and its sigmoid) again."""
     derived = grad(forward_spec(), name="mlp_bwd", **VJP["mlp_fwd"])
     stored = {transpose(WD): _transposed(WD, "WdT"), transpose(WG): _transposed(WG, "WgT"),
               transpose(WU): _transposed(WU, "WuT"),
@@ -80,16 +82,16 @@ def backward_spec() -> KernelSpec:
     def transposed(node):
         if isinstance(node, Transpose) and isinstance(node.array, Named) and \
                 node.array.label == "H":
-            return named("HT", transpose(node.array.value), index=("e", "i"))
+            return named("HT", transpose(node.array), index=("e", "i"))
         return stored.get(node)
 
     return transform_outputs(derived, transposed)
 
 
 FORWARD_TEMPS = frozenset({"H"})
-BACKWARD_TEMPS = frozenset({"V", "XT", "HT", "dH", "dV", "dU", "WdT", "WgT", "WuT"})
+BACKWARD_TEMPS = frozenset({"V", "H", "XT", "HT", "dH", "dV", "dU", "WdT", "WgT", "WuT"})
 ROWS = ("b", "i")
-ELEMENTWISE = "dU_dV"  # the tiled backward's fused elementwise nest
+ELEMENTWISE = "dU_dV_H"  # the tiled backward's fused elementwise nest
 # the nests of each kernel: row-wise products (tiled rows x cols), weight gradients (tiled
 # weight rows x cols), elementwise row nests, the weights' transposes (weight rows) and the
 # per-batch transposes of row operands (their rows)
@@ -97,7 +99,7 @@ FORWARD = {"rows": {"U": "e", "H": "e", "F": "c"}, "weights": {}, "elementwise":
            "transposes": {}, "row_transposes": {}}
 BACKWARD = {"rows": {"dH": "e", "V": "e", "dX": "c"},
             "weights": {"dWg": ("c", "e"), "dWu": ("c", "e"), "dWd": ("e", "c")},
-            "elementwise": ("dV", "dU"), "transposes": {"WdT": "c", "WgT": "e", "WuT": "e"},
+            "elementwise": ("dV", "dU", "H"), "transposes": {"WdT": "c", "WgT": "e", "WuT": "e"},
             "row_transposes": {"XT": "c", "HT": "e"}}
 
 
@@ -132,8 +134,8 @@ def _tiled(nests, mr, nr, row_block):
         mapping += [Parallel((tile.col_tiles,), nest=label), Parallel((rows,), nest=tile.edge)]
     elementwise = nests["elementwise"]
     if len(elementwise) > 1:
-        # one pass over the rows for all of them: the operands they share (dH, U) read
-        # once, and the sigmoid of U both take computed once (Hoist shares it)
+        # one pass over the rows for all of them: the operands they share (dH, U, V) read
+        # once, and the sigmoid of U they all take computed once (Hoist shares it)
         schedule.append(FuseNests(elementwise, over=ROWS, name=ELEMENTWISE))
         elementwise = (ELEMENTWISE,)
     mapping += [Parallel(ROWS, nest=n) for n in elementwise]

@@ -87,23 +87,36 @@ class FuseNests(Step):
                 raise ScheduleError(f"{self}: nest {n.label}'s loops have other bounds")
         self._check_same_iteration(chosen, chains[0])
         order = sorted(chosen, key=onf.nests.index)
-        self._check_movable(onf, order)
+        place = self._place(onf, order)
         body = fuse_siblings([s for n in order for s in perfect_chain(n.body, len(self.over))[-1].body])
         fused = Nest(order[0].target, enclose(chains[0], body),
                      "\n".join(n.origin for n in order), self.name)
-        # the fused nest runs where the last of its members ran
-        nests = [fused if n is order[-1] else n for n in onf.nests if n not in order[:-1]]
+        nests = [fused if n is place else n for n in onf.nests if n is place or n not in order]
         return onf.with_nests(nests, str(self))
 
-    def _check_movable(self, onf, order):
-        """Members run later than before: no nest they move past may touch what they write
-        or write what they read."""
-        last = onf.nests.index(order[-1])
-        for member in order[:-1]:
-            for other in onf.nests[onf.nests.index(member) + 1:last]:
-                if other not in order and not independent(as_block(member), as_block(other)):
-                    raise ScheduleError(f"{self}: nest {member.label} cannot move past nest "
-                                        f"{other.label}, which shares data with it")
+    def _place(self, onf, order):
+        """The member whose place the fused nest takes: the last, the others moving later,
+        or else the first, the others moving earlier (a member that the nests between
+        them do not touch can move past them)."""
+        blocked = self._blocker(onf, order[:-1], order[-1])
+        if blocked is None:
+            return order[-1]
+        if self._blocker(onf, order[1:], order[0]) is None:
+            return order[0]
+        member, other = blocked
+        raise ScheduleError(f"{self}: nest {member.label} cannot move past nest {other.label}, "
+                            "which shares data with it")
+
+    def _blocker(self, onf, members, place):
+        """(member, nest) where a member cannot move past a nest on its way to `place` (the
+        nest touches what the member writes or writes what it reads); None when all can."""
+        at = onf.nests.index(place)
+        for member in members:
+            i = onf.nests.index(member)
+            for other in onf.nests[min(i, at) + 1:max(i, at)]:
+                if other not in members and not independent(as_block(member), as_block(other)):
+                    return member, other
+        return None
 
     def _check_same_iteration(self, chosen, chain):
         written = set()
