@@ -124,12 +124,9 @@ class CudaPrinter(CPrinter):
         text = self.index(e)
         return text if e.is_Atom else f"({text})"
 
-    QUOTIENTS = ("sigmoid",)
-
-    def unary(self, fn, arg, node):
-        if fn == "rsqrt":  # CUDA's rsqrt / rsqrtf
-            return self.call("rsqrt", arg)
-        return super().unary(fn, arg, node)
+    # CUDA has rsqrt / rsqrtf: a call, not a quotient
+    QUOTIENTS = {fn: denominator for fn, denominator in CPrinter.QUOTIENTS.items()
+                 if fn != "rsqrt"}
 
     def max_or_min(self, fn, a, b):
         name = "f" + fn + ("f" if self.dtype == "float32" else "")  # one instruction on a GPU

@@ -187,18 +187,18 @@ class Printer:
             return f"({text})"
         return text
 
-    # the functions `unary` prints as a quotient (1 / ...): an operand then as a "/" is
-    QUOTIENTS = ("rsqrt", "sigmoid")
+    # the functions `unary` prints as a quotient, 1 / (their denominator of the printer, the
+    # argument's text and that text wrapped as an operand): an operand then as a "/" is
+    QUOTIENTS = {"rsqrt": lambda p, arg, wrapped: p.call("sqrt", arg),
+                 "sigmoid": lambda p, arg, wrapped:
+                     f"({p.number(1.0)} + {p.call('exp', '-' + wrapped)})"}
 
     def unary(self, fn, arg, node) -> str:
-        one = self.number(1.0)
         wrapped = arg if isinstance(node, (S.Load, S.Local, S.Param, S.Dim, S.Un)) else f"({arg})"
         if fn == "neg":
             return f"-{wrapped}"
-        if fn == "rsqrt":
-            return f"{one} / {self.call('sqrt', arg)}"
-        if fn == "sigmoid":
-            return f"{one} / ({one} + {self.call('exp', '-' + wrapped)})"
+        if fn in self.QUOTIENTS:
+            return f"{self.number(1.0)} / {self.QUOTIENTS[fn](self, arg, wrapped)}"
         return self.call(fn, arg)
 
     def load(self, array, offset) -> str:
