@@ -11,9 +11,9 @@ from the forward's spec by moagen.moa.grad, not written by hand):
 with silu'(u) = sigmoid(u) * (1 + u * (1 - sigmoid(u))). H is stored by the pass that
 computes dU and dV (the three share one sigmoid of U) and copied transposed (HT), as X is
 (XT), so that the weight gradients, sums over the rows, read their row operand along
-contiguous memory. Every inner product is register tiled in the `tiled` variants; the weight gradients are sums over all rows computed by
-whole output tiles, so each thread owns the weights it writes: no atomics, and every sum
-runs over the rows in one fixed order.
+contiguous memory. Every inner product is register tiled in the `tiled` variants; the
+weight gradients are sums over all rows computed by whole output tiles, so each thread owns
+the weights it writes: no atomics, and every sum runs over the rows in one fixed order.
 """
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
