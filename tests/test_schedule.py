@@ -411,7 +411,7 @@ def test_nest_fusion_runs_where_the_first_member_ran_when_the_others_can_move_up
     onf = ONF("three", "test", (Buffer("x", (n,)),), (Buffer("b", (n,)), Buffer("c", (n,))),
               (Buffer("a", (n,)),), (n,), (), (a, b, c))
     fused = FuseNests(("a", "c"), over=("i",), name="ac")(onf)
-    assert [nest.name or nest.target for nest in fused.nests] == ["ac", "b"]
+    assert [n.name or n.target for n in fused.nests] == ["ac", "b"]
     xs = np.linspace(1, 2, 5)
     got = run_onf(fused, {"x": xs}, {})
     np.testing.assert_array_equal(got["b"], xs + 1)
