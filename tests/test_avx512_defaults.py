@@ -11,7 +11,7 @@ from moagen.bench import cases, tune
 from moagen.cli import main
 from moagen.errors import SpecError
 from moagen.kernels import get_kernel
-from moagen.kernels.mlp import CHECK_SIZES, TILE_AVX512
+from moagen.kernels.mlp import TILE_AVX512
 from moagen.kernels.tunable import Tunable
 from moagen.onf.signature import DTYPES
 
@@ -42,7 +42,7 @@ def test_the_host_defaults_follow_the_compiler(avx512, dtype):
                                                                      tuned=False)
     # a GPU, a kernel without such overrides: their own defaults on any machine
     assert runtime.host_defaults("mlp_fwd", "tiled", "cuda", dtype) is None
-    assert runtime.host_defaults("attention_fwd", "flash", "c", dtype) is None
+    assert runtime.host_defaults("attention_bwd", "flash", "c", dtype) is None
     # an explicit parameter is taken over generated/'s defaults, as everywhere
     assert cases.schedule("mlp_fwd", "tiled", "c", dtype, {"mr": 4})["params"] == \
         {**portable, "mr": 4}
@@ -68,18 +68,21 @@ def test_the_compiler_is_asked_with_its_flags():
 
 
 @pytest.mark.parametrize("lang", ["c", "fortran"])
-@pytest.mark.parametrize("kernel", ["mlp_fwd", "mlp_bwd"])
+@pytest.mark.parametrize("kernel, variant", [("mlp_fwd", "tiled"), ("mlp_bwd", "tiled"),
+                                             ("attention_fwd", "flash"),
+                                             ("attention_fwd_causal", "flash")])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_portable_tiles_keep_the_value_where_the_machine_loads_others(kernel, lang, dtype):
+def test_the_portable_tiles_keep_the_value_where_the_machine_loads_others(kernel, variant, lang,
+                                                                          dtype):
     """tests/test_verify.py checks the tiles this machine loads: here also generated/'s
     where those are the AVX-512 ones (the AVX-512 tiles run by default only where
     test_verify checks them)."""
-    if runtime.host_defaults(kernel, "tiled", lang, dtype) is None:
+    if runtime.host_defaults(kernel, variant, lang, dtype) is None:
         pytest.skip("this machine loads the portable tiles: tests/test_verify.py checks them")
-    portable = TILED.defaults_for("cpu", dtype)
+    portable = get_kernel(kernel).variant(variant).defaults_for("cpu", dtype)
     load = lambda k, v, l, d: runtime.load(k, v, l, d, params=portable)
-    for sizes in CHECK_SIZES:
-        row = verify.check_case(kernel, "tiled", lang, dtype, sizes, load=load)
+    for sizes in get_kernel(kernel).check.sizes:
+        row = verify.check_case(kernel, variant, lang, dtype, sizes, load=load)
         assert row.status == "pass", verify.format_row(row)
         assert max(row.errors.values()) <= verify.TOLERANCE[dtype]
 
