@@ -4,7 +4,7 @@ record; an explicit or tuned parameter wins over them."""
 import numpy as np
 import pytest
 
-from moagen import reference, reference_block, runtime
+from moagen import build, reference, reference_block, runtime
 from moagen.bench import cases, tune
 from moagen.cli import main
 from moagen.codegen.emit import emit
@@ -93,7 +93,9 @@ def test_the_runtime_binds_the_dtype_defaults_and_a_tuned_choice_wins(tmp_path, 
     assert row.status == "pass", row
 
 
-def test_the_bench_records_the_parameters_of_the_dtype():
+def test_the_bench_records_the_parameters_of_the_dtype(monkeypatch):
+    # a machine without AVX-512: what it adds over these is tests/test_avx512_defaults.py's
+    monkeypatch.setattr(build.Toolchain, "targets_avx512", lambda self, record: False)
     assert cases.schedule("attention_fwd", "flash", "c", "float32") == \
         dict(params=FLASH.defaults_for("cpu", "float32"), tuned=False)
     chosen = cases.schedule("attention_fwd", "flash", "c", "float32", {"lanes": 8})
