@@ -67,6 +67,12 @@ class KernelCallable:
         self._scratch_params = signature.scratch
         self._argument = {a.name: f"argument {a.name!r}" for a in self._inputs}
         self._input_index = {a.name: i for i, a in enumerate(self._inputs)}
+        # each size as (name, (input's index, axis)), or (name, None) where it is given: what
+        # _sizes walks, without hashing sympy symbols (a Python-level __hash__) every call
+        self._size_sources = tuple(
+            (s.name, None if s not in self._size_from else
+             (self._input_index[self._size_from[s][0]], self._size_from[s][1]))
+            for s in signature.sizes)
         self._contiguous = "c_contiguous" if signature.layout == "row" else "f_contiguous"
         self._shapes = {}  # sizes (a tuple) -> each array's shape by name, for recent sizes
 
@@ -199,23 +205,22 @@ class KernelCallable:
     def _sizes(self, values, inputs):
         """Each size by name, in signature order, read off the inputs or given."""
         sizes = {}
-        for symbol in self.signature.sizes:
-            source = self._size_from.get(symbol)
+        for name, source in self._size_sources:
             if source is None:
-                value = values[symbol.name]
+                value = values[name]
                 if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-                    raise ValueError(f"{self.signature.name}: size {symbol} must be an integer, "
+                    raise ValueError(f"{self.signature.name}: size {name} must be an integer, "
                                      f"got {type(value).__name__}")
                 # a given count may be 0 (an empty cache); an array dimension may not
                 value, least = int(value), 0
             else:
-                value, least = inputs[self._input_index[source[0]]].shape[source[1]], 1
+                value, least = inputs[source[0]].shape[source[1]], 1
             if value < least:
-                given = ("as given" if source is None
-                         else f"axis {source[1]} of argument {source[0]!r}")
-                raise ValueError(f"{self.signature.name}: size {symbol} must be >= {least}, got "
+                given = ("as given" if source is None else
+                         f"axis {source[1]} of argument {self._inputs[source[0]].name!r}")
+                raise ValueError(f"{self.signature.name}: size {name} must be >= {least}, got "
                                  f"{value} ({given})")
-            sizes[symbol.name] = value
+            sizes[name] = value
         return sizes
 
     def _shapes_at(self, sizes):
