@@ -50,14 +50,17 @@ class KernelCallable:
         self._shape_of = {a.name: sympy.lambdify(signature.sizes, sympy.Tuple(*a.shape),
                                                  [INDEX_NAMESPACE, "math"])
                           for a in signature.arrays}
-        # Each size is read off the first input dimension that is exactly that size; a size
-        # that is no input dimension on its own (a KV cache's valid length) is an argument.
-        self._size_from = {}
-        for param in signature.inputs:
+        # Each size is read off the first input dimension that is exactly that size, as
+        # (name, (input's index, axis)); a size that is no input dimension on its own (a KV
+        # cache's valid length) is an argument, (name, None). Kept by name: _sizes walks
+        # this on every call, and a sympy symbol's hash is Python code.
+        source = {}
+        for index, param in enumerate(signature.inputs):
             for axis, dim in enumerate(param.shape):
                 if dim in signature.sizes:
-                    self._size_from.setdefault(dim, (param.name, axis))
-        self._given = tuple(s.name for s in signature.sizes if s not in self._size_from)
+                    source.setdefault(dim, (index, axis))
+        self._size_sources = tuple((s.name, source.get(s)) for s in signature.sizes)
+        self._given = tuple(name for name, at in self._size_sources if at is None)
         self._params = (tuple(a.name for a in signature.inputs) + tuple(signature.scalars)
                         + self._given)
         # What every call walks, computed once: a call's checks cost more than a small
@@ -66,13 +69,6 @@ class KernelCallable:
         self._outputs = signature.outputs
         self._scratch_params = signature.scratch
         self._argument = {a.name: f"argument {a.name!r}" for a in self._inputs}
-        self._input_index = {a.name: i for i, a in enumerate(self._inputs)}
-        # each size as (name, (input's index, axis)), or (name, None) where it is given: what
-        # _sizes walks, without hashing sympy symbols (a Python-level __hash__) every call
-        self._size_sources = tuple(
-            (s.name, None if s not in self._size_from else
-             (self._input_index[self._size_from[s][0]], self._size_from[s][1]))
-            for s in signature.sizes)
         self._contiguous = "c_contiguous" if signature.layout == "row" else "f_contiguous"
         self._shapes = {}  # sizes (a tuple) -> each array's shape by name, for recent sizes
 
@@ -238,9 +234,9 @@ class KernelCallable:
 
     def _shape_error(self, what, param, array, sizes):
         expected = self._shapes_at(sizes)[param.name]
-        inferred = ", ".join(f"{s}={sizes[s.name]}" + (f" from {self._size_from[s][0]!r}"
-                                                         if s in self._size_from else "")
-                             for s in self.signature.sizes)
+        inferred = ", ".join(f"{name}={sizes[name]}" + ("" if at is None else
+                                                        f" from {self._inputs[at[0]].name!r}")
+                             for name, at in self._size_sources)
         raise ValueError(f"{self.signature.name}: {what}: expected shape {_symbolic(param.shape)} = "
                          f"{expected}, got {array.shape} (sizes: {inferred})")
 
