@@ -14,6 +14,7 @@ from moagen.moa.expr import sym
 from moagen.onf.interchange import BlockInterchange
 from moagen.onf.interpret import run_onf
 from moagen.onf.keyblocks import KeyBlocks
+from moagen.onf.layout import apply_layout
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, find_nest, walk
 from moagen.onf.realize import initial_onf
 from tests.test_schedule import PROBLEMS, _dnf
@@ -77,6 +78,24 @@ def test_the_owner_with_parts_sweeps_query_blocks_by_blocks_of_64_key_rows():
     plain = onf_of(KERNEL, "owner", params={"parts": 0, "rows": 4})
     assert not any(s.var.name.endswith("_blk") and "j" in s.var.name
                    for s in _loops(plain, "keys"))
+
+
+def test_the_loops_between_the_block_and_the_swept_loop_move_out_with_it():
+    """for o: for r: for q: y[o] += A[o, q] (r: a group's query heads between a key tile and
+    its query rows) becomes for o_blk: for r: for q: for o in the block: the same additions
+    into each y[o] in the same order, so the same bits."""
+    r = sym("r")
+    z = sym("z")
+    plain = _by_hand(_for(z, M, Store("y", (z,), S.Num(0.0))),
+                     _for(O, M, _for(r, sympy.Integer(2), _for(Q, N, ADD_Y))))
+    blocked = BlockInterchange("y", "o", "q", 4)(plain)
+    block = blocked.nests[0].body[1]
+    assert [lp.var.name for lp in walk((block,)) if isinstance(lp, Loop)] == ["o_blk", "r", "q",
+                                                                             "o"]
+    A = np.random.default_rng(3).standard_normal((7, 5))
+    got, want = (run_onf(apply_layout(onf), {"A": A}, {})["y"] for onf in (blocked, plain))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, 2 * A.sum(1), rtol=1e-13)
 
 
 # ---- refusals --------------------------------------------------------------------------

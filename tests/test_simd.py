@@ -87,6 +87,26 @@ def test_rows_of_a_block_scratch_apart_by_the_blocks_length_are_vectorized():
     assert not marked(16 * k)
 
 
+def test_rows_a_multiple_of_a_size_apart_are_vectorized():
+    """A block's scratch with a row per query head of a group: its rows 64 group apart,
+    group an input's dimension (at least 1 in every call), so at least the 64 iterations the
+    loop runs. A symbol that is no input's dimension (a count given at call time, possibly
+    0) proves nothing."""
+    blk, group, given = sym("i_blk"), sym("group"), sym("given")
+
+    def marked(gap):
+        loop = Loop(I, 64 * blk, sympy.Min(N, 64 * blk + 64), (
+            Store("y", (I - 64 * blk,), S.Load("x", I)),
+            Store("y", (I - 64 * blk + gap,), S.Load("x", I))))
+        onf = ONF("t", "v", (Buffer("x", (group, N)),), (Buffer("y", (N,)),), (),
+                  (group, N, given), (), (Nest("y", (loop,), "test"),), flat=True)
+        return mark_simd(onf).nests[0].body[0].simd
+
+    assert marked(64 * group)
+    assert not marked(64 * given)
+    assert not marked(32 * group)
+
+
 def _marked(*body):
     loop = Loop(I, sympy.Integer(1), N, tuple(body))
     onf = ONF("t", "v", (Buffer("x", (N,)),), (Buffer("y", (N,)),), (), (N,), (),

@@ -11,11 +11,15 @@ a head's are 12 MiB, past the L2 and, two heads at once, the L3. A block of 64 k
 sweeps the query rows' blocks together: a query block's rows are read from memory once for
 the 64 key rows, and the key block's K, V, dK and dV rows (256 KiB at d 128) stay in L2.
 
+The loop over q may sit inside loops that each hold only the next (the query heads of a
+group, in grouped-query attention's backward): those move out with it, around the block.
+
 Legal when the iterations of o share only additions into arrays they do not index (UnrollSum's
 condition: then any order of the (o, q) steps computes the same sums), pre's locals are not
-read after it, and q's bounds do not depend on o. The order of additions to each element is
-the same as before when q's iterations add into different elements (dQ's part: a query
-block's rows): the values are then the same bit for bit.
+read after it, and q's bounds (and those of the loops around q) do not depend on o. The
+order of additions to each element is the same as before when q's iterations add into
+different elements (dQ's part: a query block's rows): the values are then the same bit for
+bit.
 """
 from dataclasses import dataclass, replace
 
@@ -62,14 +66,15 @@ class BlockInterchange(Step):
                               str(self))
 
     def _blocked(self, loop, names, scope):
-        across = [pos for pos, s in enumerate(loop.body)
-                  if isinstance(s, Loop) and s.var.name == self.across]
+        across = [(pos, chain) for pos, s in enumerate(loop.body)
+                  for chain in (_chain_to(s, self.across),) if chain]
         if len(across) != 1 or loop.parallel:
             raise ScheduleError(f"{self}: the loop over {self.loop} must be sequential and "
                                 f"hold one loop over {self.across} among its statements")
-        pos = across[0]
-        inner, pre, post = loop.body[pos], loop.body[:pos], loop.body[pos + 1:]
-        if loop.var in inner.start.free_symbols | inner.stop.free_symbols:
+        pos, (*between, inner) = across[0]
+        pre, post = loop.body[:pos], loop.body[pos + 1:]
+        if any(loop.var in lp.start.free_symbols | lp.stop.free_symbols
+               for lp in (*between, inner)):
             raise ScheduleError(f"{self}: the bounds of {self.across} depend on {self.loop}")
         read_later = {s.name for s in pre if isinstance(s, Let)} & names_read(loop.body[pos:])
         if read_later:
@@ -82,7 +87,24 @@ class BlockInterchange(Step):
         first = loop.start + self.block * blk
         each = lambda stmts: Loop(loop.var, first, sympy.Min(loop.stop, first + self.block),
                                   tuple(stmts))
-        steps = (*((each(pre),) if pre else ()), replace(inner, body=(each(inner.body),)),
-                 *((each(post),) if post else ()))
+        swept = replace(inner, body=(each(inner.body),))
+        for outer in reversed(between):
+            swept = replace(outer, body=(swept,))
+        steps = (*((each(pre),) if pre else ()), swept, *((each(post),) if post else ()))
         count = idiv(loop.stop - loop.start + self.block - 1, self.block)
         return (Loop(blk, sympy.Integer(0), count, steps),)
+
+
+def _chain_to(stmt, name):
+    """[the loops from stmt down to the loop over name]: stmt itself when it is that loop,
+    or loops each holding only the next (a group's query heads between a tile of key rows
+    and its query blocks); [] when stmt leads to no such loop."""
+    chain = []
+    while isinstance(stmt, Loop):
+        chain.append(stmt)
+        if stmt.var.name == name:
+            return chain
+        if len(stmt.body) != 1:
+            break
+        stmt = stmt.body[0]
+    return []

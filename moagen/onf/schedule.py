@@ -89,7 +89,9 @@ class Transform(Step):
 class Accumulate(Transform):
     """`for c: out[.., c] = op_j body(j, c)` becomes
     `for c: out[.., c] = identity;  for j: for c: out[.., c] op= body(j, c)`,
-    so that whatever in body depends on j but not on c can be computed once per j."""
+    so that whatever in body depends on j but not on c can be computed once per j.
+    `for c: out[.., c] op= op_j body(j, c)` (an outer sum's terms, after that sum's own
+    Accumulate) becomes `for j: for c: out[.., c] op= body(j, c)`."""
     loop: str
     over: str
     nest: Optional[str] = None
@@ -111,8 +113,8 @@ class Accumulate(Transform):
             return None
         store = loop.body[0]
         red = store.value
-        if (store.accumulate or not isinstance(red, S.Reduction)
-                or base_name(red.var.name) != self.over):
+        if (not isinstance(red, S.Reduction) or base_name(red.var.name) != self.over
+                or store.accumulate not in (None, red.op)):
             return None
         if loop.var in red.extent.free_symbols:
             raise ScheduleError(f"{self}: the extent {red.extent} of {red.var} depends on "
@@ -120,10 +122,13 @@ class Accumulate(Transform):
         # the role's own name: only the loop itself, enclosing loops and locals can clash
         taken = scope | {loop.var.name} | names.fixed | names.locals
         var = sympy.Symbol(Names(taken).new(self.over), integer=True)
-        init = replace(loop, body=(replace(store, value=S.Num(S.IDENTITY[red.op])),))
         update = replace(store, value=S.subs(red.body, {red.var: var}), accumulate=red.op)
         done.append(loop)
-        return (init, Loop(var, sympy.Integer(0), red.extent, (replace(loop, body=(update,)),)))
+        sweep = Loop(var, sympy.Integer(0), red.extent, (replace(loop, body=(update,)),))
+        if store.accumulate:  # already adding into out (an outer sum's loop): no identity
+            return (sweep,)
+        init = replace(loop, body=(replace(store, value=S.Num(S.IDENTITY[red.op])),))
+        return (init, sweep)
 
 
 def rewrite_loops(stmts, var_name, fn, scope=frozenset()):

@@ -37,11 +37,14 @@ from moagen.onf.schedule import kernel_names
 
 def mark_simd(onf: ONF) -> ONF:
     names = kernel_names(onf)
-    nests = [replace(n, body=_mark_block(n.body, names)) for n in onf.nests]
+    # the inputs' dimensions: at least 1 in every call (moagen.bind.abi checks)
+    positive = frozenset(s for buffer in onf.inputs for dim in buffer.shape
+                         for s in sympy.sympify(dim).free_symbols)
+    nests = [replace(n, body=_mark_block(n.body, names, positive)) for n in onf.nests]
     return replace(onf, nests=tuple(nests))
 
 
-def _mark_block(stmts, names):
+def _mark_block(stmts, names, positive):
     """stmts with their innermost vectorizable loops marked, each after the locals that
     hold its invariant reads."""
     out = []
@@ -49,8 +52,8 @@ def _mark_block(stmts, names):
         if not isinstance(s, Loop):
             out.append(s)
         elif any(isinstance(b, Loop) for b in s.body):
-            out.append(replace(s, body=_mark_block(s.body, names)))
-        elif _vectorizable(s):
+            out.append(replace(s, body=_mark_block(s.body, names, positive)))
+        elif _vectorizable(s, positive):
             loads, loop = _invariant_loads(s, names)
             out += loads
             out.append(replace(loop, simd=True))
@@ -97,7 +100,8 @@ def simd_clauses(loop: Loop) -> str:
                    for op, names in simd_reductions(loop).items())
 
 
-def _vectorizable(loop: Loop) -> bool:
+def _vectorizable(loop: Loop, positive=frozenset()) -> bool:
+    """positive: the size symbols that are at least 1."""
     if loop.vector_tile or loop.parallel:
         return False
     if set(simd_reductions(loop)) - {"+", "max"}:
@@ -113,25 +117,31 @@ def _vectorizable(loop: Loop) -> bool:
                  for e in S.subexpressions(x) if isinstance(e, S.Load) and e.array == array}
         if reads - offsets:
             return False  # another iteration's element: the lanes would see stale values
-        if not all(_ranges_apart(a, b, loop.var, loop.start, loop.stop)
+        if not all(_ranges_apart(a, b, loop.var, loop.start, loop.stop, positive)
                    for a, b in combinations(offsets, 2)):
             return False
     return True
 
 
 @lru_cache(maxsize=4096)
-def _ranges_apart(a, b, var, start, stop) -> bool:
+def _ranges_apart(a, b, var, start, stop, positive=frozenset()) -> bool:
     """Whether two stores' ranges over the loop var in [start, stop) cannot meet: both step
     by one element per iteration, a whole nonzero number of loop extents apart (the rows of
-    unrolled copies), or a fixed distance at least the longest the loop runs (the rows of a
-    block's scratch: 64 apart, over at most the 64 keys of a block). Remembered: sympy's
-    simplify is most of the time the generator takes, and a kernel's dtypes and languages,
-    and the block's stages, ask the same questions."""
+    unrolled copies), or a distance at least the longest the loop runs (the rows of a
+    block's scratch: 64 apart, over at most the 64 keys of a block; 64 times the sizes in
+    `positive`, each at least 1, when the scratch has a row per query head of a group).
+    Remembered: sympy's simplify is most of the time the generator takes, and a kernel's
+    dtypes and languages, and the block's stages, ask the same questions."""
     if sympy.diff(a, var) != 1 or sympy.diff(b, var) != 1:
         return False
     gap, longest = sympy.simplify(a - b), _longest(start, stop)
-    if gap.is_number and longest is not None:
-        return abs(gap) >= longest
+    if longest is not None:
+        at_least_one = {s: sympy.Symbol(s.name, integer=True, positive=True)
+                        for s in positive & gap.free_symbols}
+        if (abs(gap.subs(at_least_one)) - longest).is_nonnegative:
+            return True
+        if gap.is_number:
+            return False
     apart = sympy.simplify(gap / (stop - start))
     return bool(apart.is_integer) and apart != 0
 
