@@ -31,6 +31,22 @@ def sdpa_fwdbwd(Q, K, V, dO, scale, causal=False):
     return _attention_grads(Q, K, V, dO, scale, causal)
 
 
+def sdpa_gqa(Q, K, V, scale, causal=False):
+    """O only, the grouped queries (batch, kv_heads, group, n, d) as SDPA's heads, the KV
+    heads shared by enable_gqa."""
+    out = F.scaled_dot_product_attention(Q.flatten(1, 2), K, V, scale=scale, is_causal=causal,
+                                         enable_gqa=True)
+    return out.view(Q.shape)
+
+
+def sdpa_gqa_bwd(Q, K, V, O, dO, lse, scale, causal=False):
+    """dQ, dK, dV by autograd of SDPA with enable_gqa, which recomputes the forward."""
+    q, k, v = (t.detach().requires_grad_() for t in (Q.flatten(1, 2), K, V))
+    out = F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal, enable_gqa=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dO.flatten(1, 2))
+    return dq.view(Q.shape), dk, dv
+
+
 def sdpa_decode(q, K, V, scale, n):
     """O only, over the cache's first n rows, the KV heads shared by enable_gqa (no copy of
     the cache per query head)."""

@@ -80,6 +80,51 @@ def attention_fwdbwd_torch(Q, K, V, dO, scale, causal=False):
     return (out.detach().numpy(), lse.numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy())
 
 
+def _heads(Q):
+    """Grouped queries (batch, kv_heads, group, n, d) as (batch, heads, n, d): query head
+    g * group + r is the r-th of KV head g's group."""
+    return Q.reshape(Q.shape[0], -1, *Q.shape[3:])
+
+
+def attention_gqa_fwd_numpy(Q, K, V, scale, causal=False):
+    """Every KV head repeated for its group's query heads."""
+    group = Q.shape[2]
+    O, lse = attention_fwd_numpy(_heads(Q), *(np.repeat(a, group, axis=1) for a in (K, V)),
+                                 scale, causal)
+    return O.reshape(Q.shape), lse.reshape(Q.shape[:-1])
+
+
+def attention_gqa_fwd_torch(Q, K, V, scale, causal=False):
+    """SDPA's own grouped heads (enable_gqa); the lse from the repeated keys' scores."""
+    import torch
+    q, k, v = (torch.from_numpy(a) for a in (_heads(Q), K, V))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal,
+                                                           enable_gqa=True)
+    keys = k.repeat_interleave(Q.shape[2], dim=1)
+    lse = torch.logsumexp(_scores_torch(q, keys, scale, causal), dim=-1)
+    return out.numpy().reshape(Q.shape), lse.numpy().reshape(Q.shape[:-1])
+
+
+def attention_gqa_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False):
+    """The repeated KV heads' gradients summed over each group."""
+    group = Q.shape[2]
+    dQ, dK, dV = attention_bwd_numpy(_heads(Q), *(np.repeat(a, group, axis=1) for a in (K, V)),
+                                     _heads(O), _heads(dO), lse.reshape(Q.shape[0], -1, Q.shape[3]),
+                                     scale, causal)
+    return (dQ.reshape(Q.shape),
+            *(g.reshape(*K.shape[:2], group, *K.shape[2:]).sum(axis=2) for g in (dK, dV)))
+
+
+def attention_gqa_bwd_torch(Q, K, V, O, dO, lse, scale, causal=False):
+    """Autograd of SDPA with enable_gqa (O and lse are the forward's own)."""
+    import torch
+    q, k, v = (torch.from_numpy(a).requires_grad_() for a in (_heads(Q), K, V))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal,
+                                                           enable_gqa=True)
+    out.backward(torch.from_numpy(_heads(dO)))
+    return q.grad.numpy().reshape(Q.shape), k.grad.numpy(), v.grad.numpy()
+
+
 def attention_decode_numpy(q, K, V, scale, n):
     """One query row per head against the first n cache rows; query head h reads KV head
     h // (q_heads / kv_heads)."""

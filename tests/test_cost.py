@@ -29,6 +29,9 @@ ATTENTION = dict(batch=1, heads=2, n=16, d=3)
 # small, and multiples of the tiles (64 keys online, 16 slices split): the counting view's
 # assumptions hold, so the model must be exact
 TINY = {"attention_decode": dict(batch=1, q_heads=4, kv_heads=2, cap=20, d=3, n=16),
+        **{k: dict(batch=1, kv_heads=1, group=2, n=16, d=3)
+           for k in ("attention_gqa_fwd", "attention_gqa_fwd_causal", "attention_gqa_bwd",
+                     "attention_gqa_bwd_causal")},
         "kv_append": dict(batch=2, kv_heads=2, cap=5, d=3, n=3),
         "rmsnorm_fwd": dict(batch=2, n=5, d=3),
         # rows a multiple of the 16 partial sums; register tiles of 6 rows x 8 columns, the
@@ -54,7 +57,8 @@ def tiny_sizes(kernel, variant):
     tiled = "64 divides n" in model.predict(kernel, variant).assumptions  # online's key blocks
     if not (tiled and kernel in ATTENTION_KERNELS):
         return sizes
-    fewer = {"heads": 1} if "heads" in sizes else {"cap": 64}  # decode: a cache of 64 rows
+    # one head; decode: a cache of 64 rows
+    fewer = {size: value for size, value in (("heads", 1), ("cap", 64)) if size in sizes}
     return dict(sizes, n=64, d=2, **fewer)
 
 

@@ -59,6 +59,18 @@ def _rmsnorm_reference(x, weight, eps):
     return {"z": weight * x * inv_rms[..., None], "inv_rms": inv_rms}
 
 
+def _gqa_bwd_reference(Q, K, V, O, dO, lse, scale, causal=False):
+    """Grouped queries (batch, kv_heads, group, n, d): each KV head repeated for its group,
+    its gradients summed over the group."""
+    heads = lambda a: a.reshape(a.shape[0], -1, *a.shape[3:])
+    group = Q.shape[2]
+    grads = _attention_bwd_reference(heads(Q), *(np.repeat(a, group, 1) for a in (K, V)),
+                                     heads(O), heads(dO), heads(lse), scale, causal)
+    return {"dQ": grads["dQ"].reshape(Q.shape),
+            **{n: grads[n].reshape(*K.shape[:2], group, *K.shape[2:]).sum(2)
+               for n in ("dK", "dV")}}
+
+
 _rng = np.random.default_rng(11)
 _QKV = {n: _rng.standard_normal((1, 3, 5, 3)) for n in "QKV"}
 _DO = _rng.standard_normal((1, 3, 5, 3))
@@ -68,6 +80,17 @@ def _backward_inputs(causal):
     """Q, K, V, the forward's own O and lse (the backward assumes them consistent), dO."""
     forward = _attention_reference(*_QKV.values(), 0.45, causal)
     return {**_QKV, "O": forward["O"], "dO": _DO, "lse": forward["lse"]}
+
+
+def _gqa_backward_inputs():
+    """Grouped queries (batch 1, 2 KV heads, groups of 2, n 5, d 3), K and V, the
+    forward's own O and lse, dO."""
+    Q = _rng.standard_normal((1, 2, 2, 5, 3))
+    K, V = (_rng.standard_normal((1, 2, 5, 3)) for _ in range(2))
+    heads = Q.reshape(1, 4, 5, 3)
+    forward = _attention_reference(heads, *(np.repeat(a, 2, 1) for a in (K, V)), 0.45, True)
+    return {"Q": Q, "K": K, "V": V, "O": forward["O"].reshape(Q.shape),
+            "dO": _rng.standard_normal(Q.shape), "lse": forward["lse"].reshape(Q.shape[:-1])}
 
 
 PROBLEMS = {  # inputs at tiny odd sizes, scalars, the numpy result
@@ -82,6 +105,9 @@ PROBLEMS = {  # inputs at tiny odd sizes, scalars, the numpy result
                                 lambda *args: _attention_fwdbwd_reference(*args, causal=True)),
     "rmsnorm_fwd": ({"x": _rng.standard_normal((3, 5, 7)), "weight": _rng.standard_normal(7)},
                     {"eps": 0.1}, _rmsnorm_reference),
+    # grouped-query attention's backward: dK and dV summed over a group and its rows
+    "attention_gqa_bwd_causal": (_gqa_backward_inputs(), {"scale": 0.45},
+                                 lambda *args: _gqa_bwd_reference(*args, causal=True)),
 }
 VARIANTS = [(k, v) for k in PROBLEMS for v in get_kernel(k).variants]
 # and schedules the defaults do not take: the owner's dQ added from the key rows' pass, in
@@ -285,6 +311,28 @@ def test_only_naive_attention_has_n_by_n_temporaries(variant):
 
 
 # ---- accumulate ------------------------------------------------------------------------
+
+def test_accumulate_moves_a_sum_of_sums_loop_by_loop():
+    """y[c] = sum_r sum_i A[r, i, c] (a KV head's gradient: over its group's query heads,
+    then over their rows): the first Accumulate starts y at zero and adds each r's sum; the
+    second adds its terms one by one into the same y, with no second zeroing."""
+    R, I, C = sym("r"), sym("i"), sym("c")
+    r2, i2 = sym("r2"), sym("i2")
+    inner_sum = S.Reduction("+", i2, sym("n"), S.Access("A", (r2, i2, C)), "acc")
+    body = (Loop(C, sympy.Integer(0), sym("d"), (
+        Store("y", (C,), S.Reduction("+", r2, sym("group"), inner_sum, "over_r")),)),)
+    onf = ONF("sums", "v", (Buffer("A", (sym("group"), sym("n"), sym("d"))),),
+              (Buffer("y", (sym("d"),)),), (), (sym("group"), sym("n"), sym("d")), (),
+              (Nest("y", body, "by hand"),))
+    onf = Accumulate("c", over="i")(Accumulate("c", over="r")(onf))
+    zero, (sweep,) = onf.nests[0].body[0], onf.nests[0].body[1:]
+    assert zero.body[0].value == S.Num(0.0)
+    assert [lp.var.name for lp in walk((sweep,)) if isinstance(lp, Loop)] == ["r", "i", "c"]
+    assert [st.accumulate for st in walk((sweep,)) if isinstance(st, Store)] == ["+"]
+    a = _rng.standard_normal((2, 3, 4))
+    np.testing.assert_allclose(run_onf(apply_layout(LowerReductions()(onf)), {"A": a}, {})["y"],
+                               a.sum((0, 1)), rtol=1e-13)
+
 
 def test_accumulate_over_the_role_of_the_output_loop_keeps_the_value():
     # C[i, c] = sum_c2 A[i, c2] B[c2, c]: the new reduction loop must not reuse c

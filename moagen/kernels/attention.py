@@ -40,7 +40,7 @@ def softmax_parts(q, k, causal):
     return row_max, weights, row_sum
 
 
-def _one_head(q, k, v, causal):
+def one_head(q, k, v, causal):
     """O and the per-row logsumexp, which the backward pass needs."""
     row_max, weights, row_sum = softmax_parts(q, k, causal)
     probs = named("probs", omega("/", weights, row_sum), index=("i", "j"))
@@ -48,7 +48,7 @@ def _one_head(q, k, v, causal):
 
 
 def spec(causal: bool) -> KernelSpec:
-    o, lse = _one_head(*(psi(("b", "h"), a) for a in (Q, K, V)), causal)
+    o, lse = one_head(*(psi(("b", "h"), a) for a in (Q, K, V)), causal)
     return KernelSpec(
         name="attention_fwd_causal" if causal else "attention_fwd",
         inputs=(Q, K, V),
@@ -59,8 +59,15 @@ def spec(causal: bool) -> KernelSpec:
 
 ROWS = ("b", "h", "i")
 KEY_BLOCK = 64
-ROW_PASS = (Accumulate("c", over="j", nest="O"), FuseNests(("O", "lse"), over=ROWS, name="rows"),
+
+
+def row_pass(rows=ROWS):
+    """O and lse of each query row (the loops `rows`) in one nest."""
+    return (Accumulate("c", over="j", nest="O"), FuseNests(("O", "lse"), over=rows, name="rows"),
             Hoist())
+
+
+ROW_PASS = row_pass()
 
 
 def _online(rows, keys):
@@ -110,10 +117,11 @@ def flash_params(n: int, d: int, causal: bool) -> dict:
 FLASH_AVX512 = {"float64": {"lanes": 32, "block": 128}, "float32": {"rows": 12, "block": 128}}
 
 
-def _flash(rows, lanes, block, causal):
-    """The online pass over blocks of `block` keys in FlashAttention's form (flash_tiles)."""
-    parallel = ROWS[:-1] + (tiled("i", rows),)
-    return Layers(algorithm=ROW_PASS + (OnlineSoftmax("rows", block=block),),
+def flash(rows, lanes, block, causal, loops=ROWS):
+    """The online pass over blocks of `block` keys in FlashAttention's form (flash_tiles);
+    loops: the query rows' (the query row last)."""
+    parallel = loops[:-1] + (tiled("i", rows),)
+    return Layers(algorithm=row_pass(loops) + (OnlineSoftmax("rows", block=block),),
                   schedule=(LowerReductions(), *flash_tiles("rows", rows, lanes, causal)),
                   mapping={"cpu": (Parallel(parallel, nest="rows", interleave=True),),
                            "cuda": (GpuThreads(parallel, nest="rows"),)})
@@ -133,20 +141,24 @@ def variants(causal: bool):
         "online": Tunable(frozenset(), _online, defaults={"rows": 8, "keys": 2},
                           space={"rows": (1, 2, 4, 6, 8), "keys": (1, 2, 4)},
                           cuda={"rows": 4, "keys": 4}),
-        "flash": Tunable(frozenset(), partial(_flash, causal=causal),
-                         defaults={"rows": 8, "lanes": 16, "block": KEY_BLOCK},
-                         space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32),
-                                "block": (64, 128, 256)},
-                         cuda={"rows": 4, "lanes": 8},
-                         # two vector registers of keys either way: 16 float64, 32 float32
-                         # lanes (docs/PERFORMANCE.md, per-dtype defaults)
-                         dtypes={"float32": {"lanes": 32}},
-                         # AVX-512: float64 tiles of four registers' lanes, float32 rows of
-                         # 12, blocks of 128 keys: 1.05-1.45x at n 1024-4096, d 64 and 128,
-                         # plain and causal (docs/PERFORMANCE.md, "The flash forward's tiles
-                         # on AVX-512")
-                         avx512=FLASH_AVX512),
+        "flash": flash_variant(causal),
     }
+
+
+def flash_variant(causal: bool, loops=ROWS) -> Tunable:
+    """The flash variant over the query rows `loops` (the query row last), with its CPU,
+    GPU, float32 and AVX-512 defaults."""
+    return Tunable(frozenset(), partial(flash, causal=causal, loops=loops),
+                   defaults={"rows": 8, "lanes": 16, "block": KEY_BLOCK},
+                   space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32), "block": (64, 128, 256)},
+                   cuda={"rows": 4, "lanes": 8},
+                   # two vector registers of keys either way: 16 float64, 32 float32 lanes
+                   # (docs/PERFORMANCE.md, per-dtype defaults)
+                   dtypes={"float32": {"lanes": 32}},
+                   # AVX-512: float64 tiles of four registers' lanes, float32 rows of 12,
+                   # blocks of 128 keys: 1.05-1.45x at n 1024-4096, d 64 and 128, plain and
+                   # causal (docs/PERFORMANCE.md, "The flash forward's tiles on AVX-512")
+                   avx512=FLASH_AVX512)
 
 
 KERNELS = [(spec(False), variants(False)), (spec(True), variants(True))]

@@ -12,7 +12,9 @@ Its intermediates P (the forward's probs) and dS (the cotangent of the scores, s
 included) are named as the variants materialize them.
 """
 import math
+from dataclasses import dataclass
 from functools import partial
+from typing import Optional
 
 from moagen import reference
 from moagen.kernels import attention
@@ -77,7 +79,24 @@ SPREAD = (Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="
 SCATTER_DK = Scatter("dK", over="i", outer=("b", "h"))
 
 
-def owner(rows, keys, parts, lanes, causal, block=None):
+@dataclass(frozen=True)
+class Rows:
+    """The loops over a kernel's query and key rows, the head loops first (the same for
+    both sides), and `group`: a loop over the query heads that share a key head
+    (moagen.kernels.attention_gqa), which the key rows' sums run over too; None without."""
+    heads: tuple = BH
+    group: Optional[str] = None
+
+    @property
+    def query(self):
+        return self.heads + ((self.group,) if self.group else ()) + ("i",)
+
+    @property
+    def key(self):
+        return self.heads + ("j",)
+
+
+def owner(rows, keys, parts, lanes, causal, block=None, loops=Rows()):
     """The backward by key rows that own their dK and dV rows (no atomics), the passes by
     blocks of the other side's rows (KeyBlocks: a block's probabilities one vector loop);
     in each pass `rows` query (or key) rows walk the other side together; the query rows'
@@ -99,35 +118,41 @@ def owner(rows, keys, parts, lanes, causal, block=None):
     (PartBuffers), summed after: six n x n x d products instead of nine (the fused
     kernel's count), and the key rows' pass runs in parallel over heads and parts rather
     than over key rows; it sweeps the query blocks by blocks of 64 key rows
-    (BlockInterchange)."""
+    (BlockInterchange).
+
+    loops: the row loops (Rows); with a group, the key rows' sums over the group's query
+    heads come first (dK and dV accumulate over them, then over each head's rows)."""
     forward = block is not None
-    scatter_dq = Scatter("dQ", over="j", outer=("b", "h"))
-    algorithm = ((Accumulate("c", over="j", nest="O"),) if forward else ()) + (
+    query_rows, key_rows, heads = loops.query, loops.key, loops.heads
+    scatter_dq = Scatter("dQ", over="j", outer=heads)
+    over_group = tuple(Accumulate("c", over=loops.group, nest=n) for n in ("dK", "dV")) \
+        if loops.group else ()
+    algorithm = ((Accumulate("c", over="j", nest="O"),) if forward else ()) + over_group + (
         scatter_dq if parts else Accumulate("c", over="j", nest="dQ"),
         Accumulate("c", over="i", nest="dK"), Accumulate("c", over="i", nest="dV"))
     if forward:
-        algorithm += (FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),)
-    algorithm += (FuseNests(("dK", "dV", "dQ") if parts else ("dK", "dV"), over=KEY_ROWS,
+        algorithm += (FuseNests(("O", "lse", "delta"), over=query_rows, name="forward"),)
+    algorithm += (FuseNests(("dK", "dV", "dQ") if parts else ("dK", "dV"), over=key_rows,
                             name="keys"), Hoist())
     if forward:
         algorithm += (OnlineSoftmax("forward", block=block),)
     algorithm += (LowerReductions(),)
-    passes = (("forward", QUERY_ROWS, "j"),) if forward else ()
+    passes = (("forward", query_rows, "j"),) if forward else ()
     if parts:
         key_blocks, split = KeyBlocks("keys", "i", KEY_BLOCK), PartBuffers("keys", "j", "dQ", parts)
         algorithm += (key_blocks, split)
-        passes += (("keys", ("b", "h", split.within), "i"),)
-        extra = (Parallel(("b", "h", split.part), nest=split.zero),
-                 Parallel(QUERY_ROWS, nest=split.merge))
+        passes += (("keys", heads + (split.within,), "i"),)
+        extra = (Parallel(heads + (split.part,), nest=split.zero),
+                 Parallel(query_rows, nest=split.merge))
     else:
         algorithm += (KeyBlocks("dQ", "j", KEY_BLOCK), KeyBlocks("keys", "i", KEY_BLOCK))
-        passes += (("dQ", QUERY_ROWS, "j"), ("keys", KEY_ROWS, "i"))
+        passes += (("dQ", query_rows, "j"), ("keys", key_rows, "i"))
         extra = ()
     if not forward:
-        extra += (Parallel(QUERY_ROWS, nest="delta"),)
+        extra += (Parallel(query_rows, nest="delta"),)
     schedule, mapping = (), ()
-    for nest, loops, other in passes:
-        jammed = loops[-1]
+    for nest, walking, other in passes:
+        jammed = walking[-1]
         if nest == "forward" and lanes:
             # its output tiles stay in registers over a block's keys: no keys summed
             schedule += flash_tiles(nest, rows, lanes, causal)
@@ -141,8 +166,8 @@ def owner(rows, keys, parts, lanes, causal, block=None):
                 schedule += (CausalRows(nest, tiled(jammed, rows), other, align),
                              *(CausalRows(jam.edge, jammed, other, align) for jam in together))
         # with parts the key rows' pass is parallel over its parts, the rows inside them
-        parallel = ("b", "h", split.part) if parts and nest == "keys" else \
-            loops[:-1] + (tiled(jammed, rows),)
+        parallel = heads + (split.part,) if parts and nest == "keys" else \
+            walking[:-1] + (tiled(jammed, rows),)
         # the forward's row tiles go to the threads in turn, as the flash variant's: a causal
         # tile sees more keys than the one before it (contiguous chunks left the second
         # thread three quarters of the work: 0.71 of the plain kernel's time at n 4096,
@@ -201,9 +226,14 @@ def variants(causal: bool):
         # FlashAttention-2's backward: key rows own dK and dV, the score and dO V^T blocks
         # register tiles; O and lse read, not recomputed (the fused kernel's owner
         # recomputes them in a forward pass of its own)
-        "flash": Tunable(frozenset({"delta"}), partial(owner, causal=causal),
-                         defaults=OWNER_DEFAULTS, space=OWNER_SPACE, cuda=OWNER_CUDA),
+        "flash": flash_variant(causal),
     }
+
+
+def flash_variant(causal: bool, loops=Rows()) -> Tunable:
+    """The flash variant (the owner alone) over the row loops `loops`."""
+    return Tunable(frozenset({"delta"}), partial(owner, causal=causal, loops=loops),
+                   defaults=OWNER_DEFAULTS, space=OWNER_SPACE, cuda=OWNER_CUDA)
 
 
 SPECS = (spec(False), spec(True))
@@ -216,11 +246,11 @@ CHAIN = {attention.spec(causal).name: backward(attention.spec(causal), by, "flas
          for causal, by in zip((False, True), SPECS)}
 
 
-def _forward_of(causal):
-    """The backward's O and lse, computed from its Q, K and V in float64."""
+def forward_of(causal, forward=reference.attention_fwd_numpy):
+    """The backward's O and lse, computed from its Q, K and V in float64 by `forward`."""
     def consistent(arrays, scalars):
         Q, K, V = arrays["Q"], arrays["K"], arrays["V"]
-        O, lse = reference.attention_fwd_numpy(Q, K, V, scalars["scale"], causal)
+        O, lse = forward(Q, K, V, scalars["scale"], causal)
         return dict(arrays, O=O, lse=lse)
     return consistent
 
@@ -229,7 +259,7 @@ def _forward_of(causal):
 CASES = (("attention_bwd", False), ("attention_bwd_causal", True))
 CHECKS = {name: Check(references(reference.attention_bwd_numpy, reference.attention_bwd_torch,
                                  causal=causal), CHECK_SIZES, softmax_scale,
-                      inputs=_forward_of(causal))
+                      inputs=forward_of(causal))
           for name, causal in CASES}
 BENCH = {name: ON_HEADS.measured_against(
              "sdpa_bwd", "dQ, dK, dV by autograd of F.scaled_dot_product_attention, the "
