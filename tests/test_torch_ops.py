@@ -129,6 +129,8 @@ def _ops_and_args():
                                     (7, 11), (7, 11), (11, 7)]]
     ops = torch.ops.moagen
     return [(ops.attention.default, (q, q.detach() * 2, q.detach() + 1, True, 0.4, "c")),
+            # grouped: dK and dV of the KV heads' shape, not q's
+            (ops.attention.default, (q, _randn(2, 1, 7, 5), _randn(2, 1, 7, 5), False, 0.4, "c")),
             (ops.rms_norm.default, (x, w, 1e-5, "c")),
             (ops.swiglu_mlp.default, (x, _randn(5, 9), _randn(5, 9), _randn(9, 5), "c")),
             (ops.block.default, (_randn(2, 5, 7), weights, 1e-5, 0.5, True, "c")),

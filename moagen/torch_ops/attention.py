@@ -1,24 +1,24 @@
-"""Attention as a PyTorch operator, in scaled_dot_product_attention's conventions: q, k, v of
-shape (batch, heads, n, d), scale 1/sqrt(d) unless given, optionally causal.
+"""Attention as a PyTorch operator, in scaled_dot_product_attention's conventions: q of shape
+(batch, heads, n, d), k and v of (batch, kv_heads, n, d) with kv_heads dividing heads
+(grouped-query attention as SDPA's enable_gqa: query head h reads KV head h // group; MHA
+when kv_heads = heads), scale 1/sqrt(d) unless given, optionally causal.
 
-    forward   O and the row logsumexp by the `flash` kernel (one pass over key blocks with
-              both products register tiles, O(n d) memory)
-    backward  dQ, dK, dV by attention_bwd's `flash` kernel (FlashAttention-2's backward: it
-              reads the saved O and logsumexp; key rows own their dK and dV rows, so there
-              are no atomics and the gradients are the same bits on any thread count).
+    forward   O and the row logsumexp by attention_gqa_fwd's `flash` kernel (one pass over
+              key blocks with both products register tiles, O(n d) memory)
+    backward  dQ, dK, dV by attention_gqa_bwd's `flash` kernel (FlashAttention-2's backward:
+              it reads the saved O and logsumexp; key rows own their dK and dV rows, summed
+              over their group's query heads, so there are no atomics and the gradients are
+              the same bits on any thread count).
 
-Both kernels' schedules are fitted to the sequence length and head size
+The grouped kernels (moagen.kernels.attention_gqa) read each KV head for its whole group:
+k and v are never repeated per query head, nor their gradients summed back in PyTorch. They
+take q as (batch, kv_heads, group, n, d), a view of the contiguous q. Both kernels'
+schedules are fitted to the sequence length and head size
 (moagen.kernels.attention.flash_params).
 
-attention_bwd rather than the fused owner (attention_fwdbwd): the forward has already
-computed O and the logsumexp, which the owner would compute again in a pass of its own
-(docs/PERFORMANCE.md, "The backward without its forward").
-
-Grouped-query attention (k and v with fewer heads than q, as SDPA's enable_gqa): the
-training kernels take one KV head per query head, so k and v are repeated per group here,
-in PyTorch, before the kernel (query head h reads KV head h // group, as SDPA does);
-autograd sums the repeated heads' gradients. Only attention_decode groups heads by
-indexing, without the copy."""
+The backward alone rather than a fused forward + backward (attention_fwdbwd): the forward
+has already computed O and the logsumexp, which the fused owner would compute again in a
+pass of its own (docs/PERFORMANCE.md, "The backward without its forward")."""
 import math
 from typing import Optional
 
@@ -61,12 +61,19 @@ def _check(op, q, k, v, lang):
             raise ValueError(f"{op}: {name} is empty, shape {tuple(t.shape)}")
 
 
+def grouped(t: Tensor, kv_heads: int) -> Tensor:
+    """(batch, heads, ...) as the grouped kernels' (batch, kv_heads, group, ...): query head
+    g * group + r as (g, r). A view of a contiguous tensor."""
+    return t.reshape(t.shape[0], kv_heads, t.shape[1] // kv_heads, *t.shape[2:])
+
+
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
                lang: str) -> tuple[Tensor, Tensor]:
     """O and the row logsumexp (kept for the backward)."""
     _check("moagen::attention", q, k, v, lang)
-    return call(causal_name("attention_fwd", causal), "flash", lang, q, k, v, scale=scale,
-                params=fitted(q, causal))
+    out, lse = call(causal_name("attention_gqa_fwd", causal), "flash", lang,
+                    grouped(q, k.shape[1]), k, v, scale=scale, params=fitted(q, causal))
+    return out.view(q.shape), lse.view(q.shape[:-1])
 
 
 def _attention_fake(q, k, v, causal, scale, lang):
@@ -78,8 +85,12 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tenso
                         grad_out: Tensor, causal: bool, scale: float,
                         lang: str) -> tuple[Tensor, Tensor, Tensor]:
     _check("moagen::attention_backward", q, k, v, lang)
-    return call(causal_name("attention_bwd", causal), "flash", lang, q, k, v, out, grad_out,
-                lse, scale=scale, params=backward_params(q, causal))
+    kv_heads = k.shape[1]
+    dq, dk, dv = call(causal_name("attention_gqa_bwd", causal), "flash", lang,
+                      grouped(q, kv_heads), k, v,
+                      *(grouped(t, kv_heads) for t in (out, grad_out, lse)), scale=scale,
+                      params=backward_params(q, causal))
+    return dq.view(q.shape), dk, dv
 
 
 def _attention_backward_fake(q, k, v, out, lse, grad_out, causal, scale, lang):
@@ -110,12 +121,6 @@ attention_op = Operator("moagen::attention", _attention, _attention_fake, backwa
                         setup_context=_setup)
 
 
-def repeat_kv(t: Tensor, group: int) -> Tensor:
-    """(batch, kv_heads, n, d) -> (batch, kv_heads * group, n, d), each KV head repeated for
-    the `group` query heads that read it."""
-    return t if group == 1 else t.repeat_interleave(group, dim=1)
-
-
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               scale: Optional[float] = None, lang: str = "c") -> Tensor:
     """softmax(scale q k^T) v per (batch, head), as F.scaled_dot_product_attention(q, k, v,
@@ -123,8 +128,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     lang: the kernels' language, "c" or "fortran"."""
     _check("moagen.torch.attention", q, k, v, lang)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    group = q.shape[1] // k.shape[1]
     # made contiguous here, not inside the operator: the operator saves its arguments for
     # the backward, which would otherwise copy a transposed q a second time
-    return attention_op(q.contiguous(), repeat_kv(k, group).contiguous(),
-                        repeat_kv(v, group).contiguous(), causal, scale, lang)[0]
+    return attention_op(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale,
+                        lang)[0]
