@@ -81,7 +81,7 @@ def attention_fwdbwd_torch(Q, K, V, dO, scale, causal=False):
 
 
 def _heads(Q):
-    """Grouped queries (batch, kv_heads, group, n, d) as (batch, heads, n, d): query head
+    """Grouped queries (batch, kv_heads, group, n, ...) as (batch, heads, n, ...): query head
     g * group + r is the r-th of KV head g's group."""
     return Q.reshape(Q.shape[0], -1, *Q.shape[3:])
 
@@ -109,8 +109,7 @@ def attention_gqa_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False):
     """The repeated KV heads' gradients summed over each group."""
     group = Q.shape[2]
     dQ, dK, dV = attention_bwd_numpy(_heads(Q), *(np.repeat(a, group, axis=1) for a in (K, V)),
-                                     _heads(O), _heads(dO), lse.reshape(Q.shape[0], -1, Q.shape[3]),
-                                     scale, causal)
+                                     _heads(O), _heads(dO), _heads(lse), scale, causal)
     return (dQ.reshape(Q.shape),
             *(g.reshape(*K.shape[:2], group, *K.shape[2:]).sum(axis=2) for g in (dK, dV)))
 
