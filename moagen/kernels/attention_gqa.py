@@ -39,18 +39,28 @@ def spec(causal: bool) -> KernelSpec:
                  Output("lse", lift(QUERY_HEADS, EXTENTS, lse), LOOPS.query)))
 
 
+# how the backward is derived (moagen.moa.grad; `moagen grad attention_gqa_fwd`): dO given for
+# O, lse kept; the inputs in the order of the kernels' callers
+VJP = {forward: dict(wrt={"Q": LOOPS.query + ("c",), "K": LOOPS.key + ("c",),
+                          "V": LOOPS.key + ("c",)},
+                     cotangents=("O",), order=tuple(a.name for a in (Q, K, V, O, DO, LSE)),
+                     labels={"probs": "P", "dscores": "dS"})
+       for forward in ("attention_gqa_fwd", "attention_gqa_fwd_causal")}
+
+
 def backward_spec(causal: bool) -> KernelSpec:
-    """The vector-Jacobian product of the forward: dO given for O, lse kept."""
-    return grad(spec(causal), name="attention_gqa_bwd_causal" if causal else "attention_gqa_bwd",
-                wrt={"Q": LOOPS.query + ("c",), "K": LOOPS.key + ("c",),
-                     "V": LOOPS.key + ("c",)},
-                cotangents=("O",), order=tuple(a.name for a in (Q, K, V, O, DO, LSE)),
-                labels={"probs": "P", "dscores": "dS"})
+    """The vector-Jacobian product of the forward."""
+    forward = spec(causal)
+    return grad(forward, name="attention_gqa_bwd_causal" if causal else "attention_gqa_bwd",
+                **VJP[forward.name])
 
 
 KERNELS = [kernel for causal in (False, True) for kernel in (
     (spec(causal), {"flash": attention.flash_variant(causal, loops=LOOPS.query)}),
     (backward_spec(causal), {"flash": attention_bwd.flash_variant(causal, loops=LOOPS)}))]
+# the names a derived backward has (moagen.kernels.ALIASES)
+ALIASES = {"attention_gqa_fwd_vjp": "attention_gqa_bwd",
+           "attention_gqa_fwd_causal_vjp": "attention_gqa_bwd_causal"}
 
 # What verification and the benchmarks run these kernels on (moagen.kernels.cases): one
 # head (a group of one), groups of 3 over 2 KV heads at sizes that divide nothing, MQA past
