@@ -63,7 +63,8 @@ def _check(op, q, k, v, lang):
 
 def grouped(t: Tensor, kv_heads: int) -> Tensor:
     """(batch, heads, ...) as the grouped kernels' (batch, kv_heads, group, ...): query head
-    g * group + r as (g, r). A view of a contiguous tensor."""
+    g * group + r as (g, r). A view of a contiguous tensor (a copy of another: an output
+    gradient may come strided)."""
     return t.reshape(t.shape[0], kv_heads, t.shape[1] // kv_heads, *t.shape[2:])
 
 
