@@ -9,16 +9,17 @@ from moagen import build
 from moagen.bind.abi import KernelCallable
 from moagen.codegen.emit import check_dtype, emit, stem
 from moagen.codegen.printer import signature
+from moagen.onf.signature import DTYPES
 from moagen.kernels import get_kernel
 from moagen.pipeline import onf_of, param_pairs
 from moagen.targets import get_target
 
 
 @lru_cache(maxsize=None)
-def library(kernel: str, variant: str, lang: str, params=()):
-    """One build and one load per kernel variant, language and schedule parameters (pairs)
-    per process."""
-    return get_target(lang).library(emit(kernel, variant, lang, params=dict(params)),
+def library(kernel: str, variant: str, lang: str, params=(), dtypes=DTYPES):
+    """One build and one load per kernel variant, language, schedule parameters (pairs) and
+    dtypes per process."""
+    return get_target(lang).library(emit(kernel, variant, lang, dtypes, params=dict(params)),
                                     stem(kernel, variant))
 
 
@@ -32,7 +33,12 @@ def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float6
     target = get_target(lang)
     params = chosen_params(kernel, variant, lang, dtype, params, tuned)
     onf = onf_of(kernel, variant, params=params, target=target.kind, dtype=check_dtype(dtype))
-    return target.bind(library(kernel, onf.variant, lang, param_pairs(params)),
+    # at generated/'s parameters the library holds every dtype's function (what `moagen
+    # build` builds); at parameters chosen for this dtype (the caller's, a tuning's, this
+    # machine's defaults) this dtype's only: another's, at these parameters, would be
+    # compiled for nothing (a flash kernel's function takes seconds to compile)
+    dtypes = DTYPES if params is None else (check_dtype(dtype),)
+    return target.bind(library(kernel, onf.variant, lang, param_pairs(params), dtypes),
                        signature(onf, dtype), get_kernel(kernel).validate)
 
 
