@@ -9,15 +9,17 @@ import torch
 import torch.nn.functional as F
 
 
-def sdpa(Q, K, V, scale, causal=False):
-    """O only: the public SDPA returns no lse."""
-    return F.scaled_dot_product_attention(Q, K, V, scale=scale, is_causal=causal)
+def sdpa(Q, K, V, scale, causal=False, enable_gqa=False):
+    """O only: the public SDPA returns no lse. enable_gqa: K and V have fewer heads than Q,
+    shared without a copy."""
+    return F.scaled_dot_product_attention(Q, K, V, scale=scale, is_causal=causal,
+                                          enable_gqa=enable_gqa)
 
 
-def _attention_grads(Q, K, V, dO, scale, causal):
+def _attention_grads(Q, K, V, dO, scale, causal, enable_gqa=False):
     """SDPA's forward, then autograd's backward: (O, dQ, dK, dV)."""
     q, k, v = (t.detach().requires_grad_() for t in (Q, K, V))
-    out = sdpa(q, k, v, scale, causal)
+    out = sdpa(q, k, v, scale, causal, enable_gqa)
     return (out.detach(),) + torch.autograd.grad(out, (q, k, v), dO)
 
 
@@ -34,16 +36,13 @@ def sdpa_fwdbwd(Q, K, V, dO, scale, causal=False):
 def sdpa_gqa(Q, K, V, scale, causal=False):
     """O only, the grouped queries (batch, kv_heads, group, n, d) as SDPA's heads, the KV
     heads shared by enable_gqa."""
-    out = F.scaled_dot_product_attention(Q.flatten(1, 2), K, V, scale=scale, is_causal=causal,
-                                         enable_gqa=True)
-    return out.view(Q.shape)
+    return sdpa(Q.flatten(1, 2), K, V, scale, causal, enable_gqa=True).view(Q.shape)
 
 
 def sdpa_gqa_bwd(Q, K, V, O, dO, lse, scale, causal=False):
     """dQ, dK, dV by autograd of SDPA with enable_gqa, which recomputes the forward."""
-    q, k, v = (t.detach().requires_grad_() for t in (Q.flatten(1, 2), K, V))
-    out = F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal, enable_gqa=True)
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dO.flatten(1, 2))
+    _, dq, dk, dv = _attention_grads(Q.flatten(1, 2), K, V, dO.flatten(1, 2), scale, causal,
+                                     enable_gqa=True)
     return dq.view(Q.shape), dk, dv
 
 

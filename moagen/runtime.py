@@ -30,14 +30,14 @@ def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float6
     choice for the dtype if the tuning file (bench-results/tuning.json in the working
     directory) records one (it replaces every default), else this machine's defaults
     (host_defaults)."""
-    target = get_target(lang)
+    target, dtype = get_target(lang), check_dtype(dtype)
     params = chosen_params(kernel, variant, lang, dtype, params, tuned)
-    onf = onf_of(kernel, variant, params=params, target=target.kind, dtype=check_dtype(dtype))
+    onf = onf_of(kernel, variant, params=params, target=target.kind, dtype=dtype)
     # at generated/'s parameters the library holds every dtype's function (what `moagen
     # build` builds); at parameters chosen for this dtype (the caller's, a tuning's, this
     # machine's defaults) this dtype's only: another's, at these parameters, would be
     # compiled for nothing (a flash kernel's function takes seconds to compile)
-    dtypes = DTYPES if params is None else (check_dtype(dtype),)
+    dtypes = DTYPES if params is None else (dtype,)
     return target.bind(library(kernel, onf.variant, lang, param_pairs(params), dtypes),
                        signature(onf, dtype), get_kernel(kernel).validate)
 

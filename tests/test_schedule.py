@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import sympy
 
+from moagen import reference
 from moagen.errors import ScheduleError
 from moagen.kernels import get_kernel
 from moagen.moa import scalar as S
@@ -59,16 +60,10 @@ def _rmsnorm_reference(x, weight, eps):
     return {"z": weight * x * inv_rms[..., None], "inv_rms": inv_rms}
 
 
-def _gqa_bwd_reference(Q, K, V, O, dO, lse, scale, causal=False):
-    """Grouped queries (batch, kv_heads, group, n, d): each KV head repeated for its group,
-    its gradients summed over the group."""
-    heads = lambda a: a.reshape(a.shape[0], -1, *a.shape[3:])
-    group = Q.shape[2]
-    grads = _attention_bwd_reference(heads(Q), *(np.repeat(a, group, 1) for a in (K, V)),
-                                     heads(O), heads(dO), heads(lse), scale, causal)
-    return {"dQ": grads["dQ"].reshape(Q.shape),
-            **{n: grads[n].reshape(*K.shape[:2], group, *K.shape[2:]).sum(2)
-               for n in ("dK", "dV")}}
+def _gqa_bwd_reference(*args, causal=False):
+    """Grouped queries (batch, kv_heads, group, n, d): moagen.reference's (each KV head
+    repeated for its group, its gradients summed over the group), by name."""
+    return dict(zip(("dQ", "dK", "dV"), reference.attention_gqa_bwd_numpy(*args, causal)))
 
 
 _rng = np.random.default_rng(11)
@@ -87,10 +82,8 @@ def _gqa_backward_inputs():
     forward's own O and lse, dO."""
     Q = _rng.standard_normal((1, 2, 2, 5, 3))
     K, V = (_rng.standard_normal((1, 2, 5, 3)) for _ in range(2))
-    heads = Q.reshape(1, 4, 5, 3)
-    forward = _attention_reference(heads, *(np.repeat(a, 2, 1) for a in (K, V)), 0.45, True)
-    return {"Q": Q, "K": K, "V": V, "O": forward["O"].reshape(Q.shape),
-            "dO": _rng.standard_normal(Q.shape), "lse": forward["lse"].reshape(Q.shape[:-1])}
+    O, lse = reference.attention_gqa_fwd_numpy(Q, K, V, 0.45, True)
+    return {"Q": Q, "K": K, "V": V, "O": O, "dO": _rng.standard_normal(Q.shape), "lse": lse}
 
 
 PROBLEMS = {  # inputs at tiny odd sizes, scalars, the numpy result
@@ -316,8 +309,7 @@ def test_accumulate_moves_a_sum_of_sums_loop_by_loop():
     """y[c] = sum_r sum_i A[r, i, c] (a KV head's gradient: over its group's query heads,
     then over their rows): the first Accumulate starts y at zero and adds each r's sum; the
     second adds its terms one by one into the same y, with no second zeroing."""
-    R, I, C = sym("r"), sym("i"), sym("c")
-    r2, i2 = sym("r2"), sym("i2")
+    C, r2, i2 = sym("c"), sym("r2"), sym("i2")
     inner_sum = S.Reduction("+", i2, sym("n"), S.Access("A", (r2, i2, C)), "acc")
     body = (Loop(C, sympy.Integer(0), sym("d"), (
         Store("y", (C,), S.Reduction("+", r2, sym("group"), inner_sum, "over_r")),)),)
