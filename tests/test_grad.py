@@ -58,6 +58,9 @@ FORWARDS = {
     # an input read through a transpose: a per-batch slice of t's second axis
     "psi of a transposed input": E.lift(("b",), ("batch",), E.inner(
         A, E.psi(("b",), E.transpose(E.array("t", "k", "batch", "p"), (1, 0, 2))))),
+    # the output written (m, k, batch): its cotangent read through the inverse transpose
+    "an output written transposed": E.transpose(E.lift(("b",), ("batch",), E.exp(E.psi(
+        ("b",), E.array("x", "batch", "m", "k"))) * A), (1, 2, 0)),
 }
 
 
@@ -128,6 +131,30 @@ def test_the_rewrites_are_equalities(causal):
         for name, want in zip(("dQ", "dK", "dV"), expected):
             np.testing.assert_allclose(got[name], want, rtol=1e-12, atol=1e-12)
     assert {a.name for a in plain.spec.inputs} == {"Q", "K", "V", "dO"}  # O, lse unused
+
+
+def test_a_transposed_output_is_read_in_its_layout():
+    """Attention with O written as (n, batch, heads, d): the rewrites read the saved O
+    and the given dO through the inverse of O's transpose (softmax from lse, delta from
+    output), and the gradients are PyTorch's."""
+    from moagen import reference
+    heads = (E.psi(("b", "h"), a) for a in (attention.Q, attention.K, attention.V))
+    o, lse = attention.one_head(*heads, causal=True)
+    lifted = {"vars": ("b", "h"), "extents": ("batch", "heads")}
+    forward = KernelSpec("rows", (attention.Q, attention.K, attention.V), ("scale",), (
+        Output("O", E.transpose(E.lift(**lifted, body=o), (2, 0, 1, 3)), ("i", "b", "h", "c")),
+        Output("lse", E.lift(**lifted, body=lse), ("b", "h", "i"))))
+    derivation = derive(forward, wrt={"Q": ("b", "h", "i", "c"), "K": ("b", "h", "j", "c"),
+                                      "V": ("b", "h", "j", "c")}, cotangents=("O",))
+    assert {"softmax from lse", "delta from output"} <= set(dict(derivation.rewrites))
+    arrays, scalars = _attention_inputs(True, np.random.default_rng(3),
+                                        dict(batch=2, heads=3, n=5, d=4))
+    written = {name: arrays[name].transpose(2, 0, 1, 3) for name in ("O", "dO")}
+    got = _run(derivation.spec, {**arrays, **written}, scalars)
+    expected = reference.attention_bwd_torch(*(arrays[n] for n in "Q K V O dO lse".split()),
+                                             causal=True, **scalars)
+    for name, want in zip(("dQ", "dK", "dV"), expected):
+        np.testing.assert_allclose(got[name], want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("alias, kernel", [("attention_fwd_vjp", "attention_bwd"),

@@ -2,9 +2,12 @@
 of the vector-Jacobian product, itself a MoA spec (shape analysis, DNF, schedules and
 printers treat it as any other).
 
-The forward's outputs are lifted over the same leading axes (batch, heads: `Lift`); the
-body of one (b, h) is differentiated as an expression DAG, parents before children, each
-node's cotangent the sum of what its users send it, by one rule per node kind:
+The forward's outputs are lifted over the same leading axes (batch, heads: `Lift`), each
+written as lifted or through a transpose of its lift (attention's O written (batch, n,
+heads, d): the output's cotangent and the saved output are then read through the inverse
+transpose); the body of one (b, h) is differentiated as an expression DAG, parents before
+children, each node's cotangent the sum of what its users send it, by one rule per node
+kind:
 
     index access <v> psi A   ->  the adjoint of A at <v>: the body's cotangent, lifted over v;
                                  lift axes A is not indexed by are summed (a weight's
@@ -81,13 +84,14 @@ def derive(spec: KernelSpec, wrt=None, cotangents: Optional[Sequence[str]] = Non
     given = {c.name: E.Array("d" + c.name, shapes[c.name]) for c in cotangents}
 
     adjoints = _Adjoints(lift)
+    cells = {c.name: _cell(c, given[c.name], lift) for c in cotangents}
     for c in cotangents:
-        adjoints.seed(_body(c), E.psi(lift.vars, given[c.name]), c.index[len(lift.vars):])
+        adjoints.seed(_body(c), cells[c.name], _lifted_index(c)[len(lift.vars):])
     leaves = adjoints.run()
 
-    context = R.Context(lift_vars=lift.vars,
-                        saved={o.name: (_body(o), saved[o.name]) for o in spec.outputs},
-                        cotangents={c: E.psi(lift.vars, a) for c, a in given.items()})
+    context = R.Context(saved={o.name: (_body(o), _cell(o, saved[o.name], lift))
+                               for o in spec.outputs},
+                        cotangents=cells)
     steps = tuple((n, step) for n, step in R.STEPS if n in chosen)
     applied, results = {}, []
     for w, index in wrt.items():
@@ -155,14 +159,40 @@ class _Lift:
     extents: E.Shape
 
 
+def _written(output: Output) -> Tuple[E.Expr, Optional[Tuple[int, ...]]]:
+    """The output's value as lifted, and the permutation it is written with where it is a
+    transpose of a Lift (attention's O written (batch, n, heads, d), its lift over (b, h)
+    putting n third); None where it is written as lifted."""
+    value = output.value
+    if isinstance(value, E.Transpose) and isinstance(value.array, E.Lift):
+        return value.array, value.perm
+    return value, None
+
+
 def _lift_of(output: Output) -> _Lift:
-    if isinstance(output.value, E.Lift):
-        return _Lift(output.value.vars, output.value.extents)
+    value, _ = _written(output)
+    if isinstance(value, E.Lift):
+        return _Lift(value.vars, value.extents)
     return _Lift((), ())
 
 
 def _body(output: Output) -> E.Expr:
-    return output.value.body if isinstance(output.value, E.Lift) else output.value
+    value, _ = _written(output)
+    return value.body if isinstance(value, E.Lift) else value
+
+
+def _lifted_index(output: Output) -> Tuple[str, ...]:
+    """The output's index names in the order of its lifted value's axes."""
+    _, perm = _written(output)
+    return output.index if perm is None else tuple(output.index[k] for k in _inverse(perm))
+
+
+def _cell(output: Output, array: E.Array, lift: _Lift) -> E.Expr:
+    """One body's cell of `array`, laid out as the output is written (the output saved, its
+    cotangent): indexed by the lift variables, through the inverse of the output's
+    transpose."""
+    _, perm = _written(output)
+    return E.psi(lift.vars, array if perm is None else E.Transpose(_inverse(perm), array))
 
 
 def _wrt_index(spec, wrt) -> Dict[str, Tuple[str, ...]]:

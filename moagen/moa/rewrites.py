@@ -30,12 +30,13 @@ from moagen.moa.shape import shape_of
 
 @dataclass(frozen=True)
 class Context:
-    lift_vars: Tuple[str, ...]
-    saved: Dict[str, Tuple[E.Expr, E.Array]]  # forward output -> (its lifted body, array)
+    # forward output -> (its lifted body, the body's cell read from the saved output:
+    # <b h> psi O, or through the transpose the output was written with)
+    saved: Dict[str, Tuple[E.Expr, E.Expr]]
     cotangents: Dict[str, E.Expr]  # output -> its cotangent in the body, <b h> psi dO
 
     def read(self, output):
-        return E.psi(self.lift_vars, self.saved[output][1])
+        return self.saved[output][1]
 
 
 def kept_statistic(node, context):
@@ -140,8 +141,8 @@ def rewrite(node, steps, context) -> Tuple[E.Expr, Dict[str, int]]:
     applied."""
     counts = {}
     for k, (name, step) in enumerate(steps):
-        seen = replace(context, saved={o: (_apply(body, steps[:k], context), array)
-                                       for o, (body, array) in context.saved.items()})
+        seen = replace(context, saved={o: (_apply(body, steps[:k], context), cell)
+                                       for o, (body, cell) in context.saved.items()})
         node, count = _bottom_up(node, step, seen)
         if count:
             counts[name] = count
