@@ -250,6 +250,20 @@ def test_slurm_script_places_threads_on_numa_machines(tmp_path):
     assert main(["slurm", "--cores", "4", "-o", str(out)]) == 0 and out.read_text().startswith("#!")
 
 
+def test_ring_job_verifies_the_kernels_named(tmp_path):
+    """--verify narrows the job's verification (the generated header says so); without it
+    the job verifies every distributed kernel."""
+    out = tmp_path / "ring.sh"
+    assert main(["slurm", "--ring", "--cores", "4", "--verify", "ring_attention_bwd",
+                 "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "--ring-n 65536 --verify ring_attention_bwd\n" in text
+    assert "moagen.cli verify ring_attention_bwd --ranks --dtype float64" in text
+    assert "moagen.cli verify --ranks --dtype float64" in slurm.ring_script(nodes=2, cores=4)
+    with pytest.raises(MoagenError, match="--verify: no distributed kernel attention_fwd"):
+        slurm.ring_script(nodes=2, cores=4, verify=("attention_fwd",))
+
+
 def test_machine_topology():
     assert machine.cpus_of("0-3,8") == [0, 1, 2, 3, 8]
     topo = machine.topology()

@@ -117,6 +117,9 @@ def add_parsers(bench, benchmarks, top):
                    help="with --ring: the Python with moagen and mpi4py (default: %(default)s)")
     p.add_argument("--ring-n", type=int, default=65536,
                    help="with --ring: the sequence measured (default: %(default)s)")
+    p.add_argument("--verify", nargs="+", metavar="KERNEL",
+                   help="with --ring: the distributed kernels verified first (default: every "
+                        "one)")
     p.set_defaults(run=_run("moagen.bench.slurm"))
 
 
