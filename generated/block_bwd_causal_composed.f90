@@ -836,102 +836,105 @@ contains
             acc_5_7 = 0.0_c_double
             !GCC$ novector
             do e = 0, dff - 1
-              acc_0_0 = acc_0_0 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                  & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-              acc_0_1 = acc_0_1 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_0_2 = acc_0_2 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_0_3 = acc_0_3 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_0_4 = acc_0_4 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_0_5 = acc_0_5 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_0_6 = acc_0_6 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_0_7 = acc_0_7 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
-                  & + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_1_0 = acc_1_0 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                  & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-              acc_1_1 = acc_1_1 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_1_2 = acc_1_2 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_1_3 = acc_1_3 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_1_4 = acc_1_4 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_1_5 = acc_1_5 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_1_6 = acc_1_6 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_1_7 = acc_1_7 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
-                  & + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_2_0 = acc_2_0 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                  & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-              acc_2_1 = acc_2_1 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_2_2 = acc_2_2 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_2_3 = acc_2_3 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_2_4 = acc_2_4 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_2_5 = acc_2_5 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_2_6 = acc_2_6 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_2_7 = acc_2_7 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
-                  & + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_3_0 = acc_3_0 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                  & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-              acc_3_1 = acc_3_1 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_3_2 = acc_3_2 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_3_3 = acc_3_3 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_3_4 = acc_3_4 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_3_5 = acc_3_5 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_3_6 = acc_3_6 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_3_7 = acc_3_7 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
-                  & + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_4_0 = acc_4_0 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                  & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-              acc_4_1 = acc_4_1 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_4_2 = acc_4_2 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_4_3 = acc_4_3 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_4_4 = acc_4_4 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_4_5 = acc_4_5 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_4_6 = acc_4_6 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_4_7 = acc_4_7 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
-                  & + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_5_0 = acc_5_0 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e) + &
-                  & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
-              acc_5_1 = acc_5_1 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_5_2 = acc_5_2 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_5_3 = acc_5_3 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_5_4 = acc_5_4 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_5_5 = acc_5_5 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_5_6 = acc_5_6 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_5_7 = acc_5_7 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7) &
-                  & + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_0_0 = acc_0_0 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e)
+              acc_0_1 = acc_0_1 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1)
+              acc_0_2 = acc_0_2 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2)
+              acc_0_3 = acc_0_3 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3)
+              acc_0_4 = acc_0_4 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4)
+              acc_0_5 = acc_0_5 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5)
+              acc_0_6 = acc_0_6 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6)
+              acc_0_7 = acc_0_7 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7)
+              acc_1_0 = acc_1_0 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e)
+              acc_1_1 = acc_1_1 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1)
+              acc_1_2 = acc_1_2 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2)
+              acc_1_3 = acc_1_3 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3)
+              acc_1_4 = acc_1_4 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4)
+              acc_1_5 = acc_1_5 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5)
+              acc_1_6 = acc_1_6 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6)
+              acc_1_7 = acc_1_7 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7)
+              acc_2_0 = acc_2_0 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e)
+              acc_2_1 = acc_2_1 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1)
+              acc_2_2 = acc_2_2 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2)
+              acc_2_3 = acc_2_3 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3)
+              acc_2_4 = acc_2_4 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4)
+              acc_2_5 = acc_2_5 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5)
+              acc_2_6 = acc_2_6 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6)
+              acc_2_7 = acc_2_7 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7)
+              acc_3_0 = acc_3_0 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e)
+              acc_3_1 = acc_3_1 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1)
+              acc_3_2 = acc_3_2 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2)
+              acc_3_3 = acc_3_3 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3)
+              acc_3_4 = acc_3_4 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4)
+              acc_3_5 = acc_3_5 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5)
+              acc_3_6 = acc_3_6 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6)
+              acc_3_7 = acc_3_7 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7)
+              acc_4_0 = acc_4_0 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e)
+              acc_4_1 = acc_4_1 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1)
+              acc_4_2 = acc_4_2 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2)
+              acc_4_3 = acc_4_3 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3)
+              acc_4_4 = acc_4_4 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4)
+              acc_4_5 = acc_4_5 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5)
+              acc_4_6 = acc_4_6 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6)
+              acc_4_7 = acc_4_7 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7)
+              acc_5_0 = acc_5_0 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e)
+              acc_5_1 = acc_5_1 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 1)
+              acc_5_2 = acc_5_2 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 2)
+              acc_5_3 = acc_5_3 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 3)
+              acc_5_4 = acc_5_4 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 4)
+              acc_5_5 = acc_5_5 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 5)
+              acc_5_6 = acc_5_6 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 6)
+              acc_5_7 = acc_5_7 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(8*c_tile*dff + 8*e + 7)
+            end do
+            !GCC$ novector
+            do e = 0, dff - 1
+              acc_0_0 = acc_0_0 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_0_1 = acc_0_1 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_0_2 = acc_0_2 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_0_3 = acc_0_3 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_0_4 = acc_0_4 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_0_5 = acc_0_5 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_0_6 = acc_0_6 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_0_7 = acc_0_7 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_1_0 = acc_1_0 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_1_1 = acc_1_1 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_1_2 = acc_1_2 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_1_3 = acc_1_3 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_1_4 = acc_1_4 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_1_5 = acc_1_5 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_1_6 = acc_1_6 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_1_7 = acc_1_7 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_2_0 = acc_2_0 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_2_1 = acc_2_1 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_2_2 = acc_2_2 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_2_3 = acc_2_3 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_2_4 = acc_2_4 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_2_5 = acc_2_5 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_2_6 = acc_2_6 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_2_7 = acc_2_7 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_3_0 = acc_3_0 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_3_1 = acc_3_1 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_3_2 = acc_3_2 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_3_3 = acc_3_3 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_3_4 = acc_3_4 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_3_5 = acc_3_5 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_3_6 = acc_3_6 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_3_7 = acc_3_7 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_4_0 = acc_4_0 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_4_1 = acc_4_1 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_4_2 = acc_4_2 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_4_3 = acc_4_3 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_4_4 = acc_4_4 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_4_5 = acc_4_5 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_4_6 = acc_4_6 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_4_7 = acc_4_7 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_5_0 = acc_5_0 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_5_1 = acc_5_1 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_5_2 = acc_5_2 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_5_3 = acc_5_3 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_5_4 = acc_5_4 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_5_5 = acc_5_5 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_5_6 = acc_5_6 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_5_7 = acc_5_7 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
             end do
             dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
             dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -6636,12 +6639,120 @@ contains
             dQ_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
             dQ_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
             dQ_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            !GCC$ novector
+            do c = 0, dh - 1
+              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+            end do
+          end do
+          !GCC$ novector
+          do h = 0, heads - 1
             dK_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
             dK_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
             dK_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
             dK_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
             dK_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
             dK_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            !GCC$ novector
+            do c = 0, dh - 1
+              acc_0_0 = acc_0_0 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+            end do
+          end do
+          !GCC$ novector
+          do h = 0, heads - 1
             dV_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
             dV_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
             dV_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
@@ -6650,150 +6761,54 @@ contains
             dV_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                  & + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row0 &
-                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                  & + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row1 &
-                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                  & + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row2 &
-                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                  & + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row3 &
-                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                  & + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row4 &
-                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                  & + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row5 &
-                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -8784,198 +8799,273 @@ contains
             acc_5_15 = 0.0_c_float
             !GCC$ novector
             do e = 0, dff - 1
-              acc_0_0 = acc_0_0 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e) + &
-                  & mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
-              acc_0_1 = acc_0_1 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 1) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
-              acc_0_2 = acc_0_2 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 2) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
-              acc_0_3 = acc_0_3 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 3) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
-              acc_0_4 = acc_0_4 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 4) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
-              acc_0_5 = acc_0_5 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 5) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
-              acc_0_6 = acc_0_6 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 6) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
-              acc_0_7 = acc_0_7 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 7) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
-              acc_0_8 = acc_0_8 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 8) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
-              acc_0_9 = acc_0_9 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 9) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_0_0 = acc_0_0 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e)
+              acc_0_1 = acc_0_1 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 1)
+              acc_0_2 = acc_0_2 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 2)
+              acc_0_3 = acc_0_3 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 3)
+              acc_0_4 = acc_0_4 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 4)
+              acc_0_5 = acc_0_5 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 5)
+              acc_0_6 = acc_0_6 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 6)
+              acc_0_7 = acc_0_7 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 7)
+              acc_0_8 = acc_0_8 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 8)
+              acc_0_9 = acc_0_9 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 9)
               acc_0_10 = acc_0_10 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 10) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 10)
+                  & + 10)
               acc_0_11 = acc_0_11 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 11) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 11)
+                  & + 11)
               acc_0_12 = acc_0_12 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 12) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 12)
+                  & + 12)
               acc_0_13 = acc_0_13 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 13) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 13)
+                  & + 13)
               acc_0_14 = acc_0_14 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 14) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 14)
+                  & + 14)
               acc_0_15 = acc_0_15 + mlp_dU(mlp_dU_row0 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 15) + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 15)
-              acc_1_0 = acc_1_0 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e) + &
-                  & mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
-              acc_1_1 = acc_1_1 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 1) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
-              acc_1_2 = acc_1_2 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 2) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
-              acc_1_3 = acc_1_3 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 3) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
-              acc_1_4 = acc_1_4 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 4) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
-              acc_1_5 = acc_1_5 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 5) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
-              acc_1_6 = acc_1_6 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 6) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
-              acc_1_7 = acc_1_7 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 7) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
-              acc_1_8 = acc_1_8 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 8) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
-              acc_1_9 = acc_1_9 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 9) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+                  & + 15)
+              acc_1_0 = acc_1_0 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e)
+              acc_1_1 = acc_1_1 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 1)
+              acc_1_2 = acc_1_2 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 2)
+              acc_1_3 = acc_1_3 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 3)
+              acc_1_4 = acc_1_4 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 4)
+              acc_1_5 = acc_1_5 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 5)
+              acc_1_6 = acc_1_6 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 6)
+              acc_1_7 = acc_1_7 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 7)
+              acc_1_8 = acc_1_8 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 8)
+              acc_1_9 = acc_1_9 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 9)
               acc_1_10 = acc_1_10 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 10) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 10)
+                  & + 10)
               acc_1_11 = acc_1_11 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 11) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 11)
+                  & + 11)
               acc_1_12 = acc_1_12 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 12) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 12)
+                  & + 12)
               acc_1_13 = acc_1_13 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 13) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 13)
+                  & + 13)
               acc_1_14 = acc_1_14 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 14) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 14)
+                  & + 14)
               acc_1_15 = acc_1_15 + mlp_dU(mlp_dU_row1 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 15) + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 15)
-              acc_2_0 = acc_2_0 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e) + &
-                  & mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
-              acc_2_1 = acc_2_1 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 1) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
-              acc_2_2 = acc_2_2 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 2) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
-              acc_2_3 = acc_2_3 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 3) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
-              acc_2_4 = acc_2_4 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 4) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
-              acc_2_5 = acc_2_5 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 5) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
-              acc_2_6 = acc_2_6 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 6) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
-              acc_2_7 = acc_2_7 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 7) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
-              acc_2_8 = acc_2_8 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 8) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
-              acc_2_9 = acc_2_9 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 9) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+                  & + 15)
+              acc_2_0 = acc_2_0 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e)
+              acc_2_1 = acc_2_1 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 1)
+              acc_2_2 = acc_2_2 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 2)
+              acc_2_3 = acc_2_3 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 3)
+              acc_2_4 = acc_2_4 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 4)
+              acc_2_5 = acc_2_5 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 5)
+              acc_2_6 = acc_2_6 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 6)
+              acc_2_7 = acc_2_7 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 7)
+              acc_2_8 = acc_2_8 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 8)
+              acc_2_9 = acc_2_9 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 9)
               acc_2_10 = acc_2_10 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 10) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 10)
+                  & + 10)
               acc_2_11 = acc_2_11 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 11) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 11)
+                  & + 11)
               acc_2_12 = acc_2_12 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 12) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 12)
+                  & + 12)
               acc_2_13 = acc_2_13 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 13) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 13)
+                  & + 13)
               acc_2_14 = acc_2_14 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 14) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 14)
+                  & + 14)
               acc_2_15 = acc_2_15 + mlp_dU(mlp_dU_row2 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 15) + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 15)
-              acc_3_0 = acc_3_0 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e) + &
-                  & mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
-              acc_3_1 = acc_3_1 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 1) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
-              acc_3_2 = acc_3_2 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 2) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
-              acc_3_3 = acc_3_3 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 3) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
-              acc_3_4 = acc_3_4 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 4) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
-              acc_3_5 = acc_3_5 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 5) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
-              acc_3_6 = acc_3_6 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 6) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
-              acc_3_7 = acc_3_7 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 7) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
-              acc_3_8 = acc_3_8 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 8) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
-              acc_3_9 = acc_3_9 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 9) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+                  & + 15)
+              acc_3_0 = acc_3_0 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e)
+              acc_3_1 = acc_3_1 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 1)
+              acc_3_2 = acc_3_2 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 2)
+              acc_3_3 = acc_3_3 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 3)
+              acc_3_4 = acc_3_4 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 4)
+              acc_3_5 = acc_3_5 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 5)
+              acc_3_6 = acc_3_6 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 6)
+              acc_3_7 = acc_3_7 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 7)
+              acc_3_8 = acc_3_8 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 8)
+              acc_3_9 = acc_3_9 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 9)
               acc_3_10 = acc_3_10 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 10) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 10)
+                  & + 10)
               acc_3_11 = acc_3_11 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 11) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 11)
+                  & + 11)
               acc_3_12 = acc_3_12 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 12) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 12)
+                  & + 12)
               acc_3_13 = acc_3_13 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 13) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 13)
+                  & + 13)
               acc_3_14 = acc_3_14 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 14) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 14)
+                  & + 14)
               acc_3_15 = acc_3_15 + mlp_dU(mlp_dU_row3 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 15) + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 15)
-              acc_4_0 = acc_4_0 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e) + &
-                  & mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
-              acc_4_1 = acc_4_1 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 1) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
-              acc_4_2 = acc_4_2 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 2) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
-              acc_4_3 = acc_4_3 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 3) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
-              acc_4_4 = acc_4_4 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 4) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
-              acc_4_5 = acc_4_5 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 5) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
-              acc_4_6 = acc_4_6 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 6) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
-              acc_4_7 = acc_4_7 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 7) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
-              acc_4_8 = acc_4_8 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 8) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
-              acc_4_9 = acc_4_9 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 9) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+                  & + 15)
+              acc_4_0 = acc_4_0 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e)
+              acc_4_1 = acc_4_1 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 1)
+              acc_4_2 = acc_4_2 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 2)
+              acc_4_3 = acc_4_3 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 3)
+              acc_4_4 = acc_4_4 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 4)
+              acc_4_5 = acc_4_5 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 5)
+              acc_4_6 = acc_4_6 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 6)
+              acc_4_7 = acc_4_7 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 7)
+              acc_4_8 = acc_4_8 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 8)
+              acc_4_9 = acc_4_9 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 9)
               acc_4_10 = acc_4_10 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 10) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 10)
+                  & + 10)
               acc_4_11 = acc_4_11 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 11) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 11)
+                  & + 11)
               acc_4_12 = acc_4_12 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 12) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 12)
+                  & + 12)
               acc_4_13 = acc_4_13 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 13) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 13)
+                  & + 13)
               acc_4_14 = acc_4_14 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 14) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 14)
+                  & + 14)
               acc_4_15 = acc_4_15 + mlp_dU(mlp_dU_row4 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 15) + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 15)
-              acc_5_0 = acc_5_0 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e) + &
-                  & mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
-              acc_5_1 = acc_5_1 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 1) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
-              acc_5_2 = acc_5_2 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 2) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
-              acc_5_3 = acc_5_3 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 3) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
-              acc_5_4 = acc_5_4 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 4) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
-              acc_5_5 = acc_5_5 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 5) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
-              acc_5_6 = acc_5_6 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 6) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
-              acc_5_7 = acc_5_7 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 7) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
-              acc_5_8 = acc_5_8 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 8) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
-              acc_5_9 = acc_5_9 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + &
-                  & 9) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+                  & + 15)
+              acc_5_0 = acc_5_0 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e)
+              acc_5_1 = acc_5_1 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 1)
+              acc_5_2 = acc_5_2 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 2)
+              acc_5_3 = acc_5_3 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 3)
+              acc_5_4 = acc_5_4 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 4)
+              acc_5_5 = acc_5_5 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 5)
+              acc_5_6 = acc_5_6 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 6)
+              acc_5_7 = acc_5_7 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 7)
+              acc_5_8 = acc_5_8 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 8)
+              acc_5_9 = acc_5_9 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e + 9)
               acc_5_10 = acc_5_10 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 10) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 10)
+                  & + 10)
               acc_5_11 = acc_5_11 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 11) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 11)
+                  & + 11)
               acc_5_12 = acc_5_12 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 12) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 12)
+                  & + 12)
               acc_5_13 = acc_5_13 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 13) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 13)
+                  & + 13)
               acc_5_14 = acc_5_14 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 14) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 14)
+                  & + 14)
               acc_5_15 = acc_5_15 + mlp_dU(mlp_dU_row5 + e) * mlp_WgT_panel(16*c_tile*dff + 16*e &
-                  & + 15) + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 15)
+                  & + 15)
+            end do
+            !GCC$ novector
+            do e = 0, dff - 1
+              acc_0_0 = acc_0_0 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
+              acc_0_1 = acc_0_1 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_0_2 = acc_0_2 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_0_3 = acc_0_3 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_0_4 = acc_0_4 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_0_5 = acc_0_5 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_0_6 = acc_0_6 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_0_7 = acc_0_7 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_0_8 = acc_0_8 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_0_9 = acc_0_9 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_0_10 = acc_0_10 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 10)
+              acc_0_11 = acc_0_11 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 11)
+              acc_0_12 = acc_0_12 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 12)
+              acc_0_13 = acc_0_13 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 13)
+              acc_0_14 = acc_0_14 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 14)
+              acc_0_15 = acc_0_15 + mlp_dV(mlp_dV_row0 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 15)
+              acc_1_0 = acc_1_0 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
+              acc_1_1 = acc_1_1 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_1_2 = acc_1_2 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_1_3 = acc_1_3 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_1_4 = acc_1_4 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_1_5 = acc_1_5 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_1_6 = acc_1_6 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_1_7 = acc_1_7 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_1_8 = acc_1_8 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_1_9 = acc_1_9 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_1_10 = acc_1_10 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 10)
+              acc_1_11 = acc_1_11 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 11)
+              acc_1_12 = acc_1_12 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 12)
+              acc_1_13 = acc_1_13 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 13)
+              acc_1_14 = acc_1_14 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 14)
+              acc_1_15 = acc_1_15 + mlp_dV(mlp_dV_row1 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 15)
+              acc_2_0 = acc_2_0 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
+              acc_2_1 = acc_2_1 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_2_2 = acc_2_2 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_2_3 = acc_2_3 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_2_4 = acc_2_4 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_2_5 = acc_2_5 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_2_6 = acc_2_6 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_2_7 = acc_2_7 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_2_8 = acc_2_8 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_2_9 = acc_2_9 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_2_10 = acc_2_10 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 10)
+              acc_2_11 = acc_2_11 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 11)
+              acc_2_12 = acc_2_12 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 12)
+              acc_2_13 = acc_2_13 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 13)
+              acc_2_14 = acc_2_14 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 14)
+              acc_2_15 = acc_2_15 + mlp_dV(mlp_dV_row2 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 15)
+              acc_3_0 = acc_3_0 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
+              acc_3_1 = acc_3_1 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_3_2 = acc_3_2 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_3_3 = acc_3_3 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_3_4 = acc_3_4 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_3_5 = acc_3_5 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_3_6 = acc_3_6 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_3_7 = acc_3_7 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_3_8 = acc_3_8 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_3_9 = acc_3_9 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_3_10 = acc_3_10 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 10)
+              acc_3_11 = acc_3_11 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 11)
+              acc_3_12 = acc_3_12 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 12)
+              acc_3_13 = acc_3_13 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 13)
+              acc_3_14 = acc_3_14 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 14)
+              acc_3_15 = acc_3_15 + mlp_dV(mlp_dV_row3 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 15)
+              acc_4_0 = acc_4_0 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
+              acc_4_1 = acc_4_1 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_4_2 = acc_4_2 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_4_3 = acc_4_3 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_4_4 = acc_4_4 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_4_5 = acc_4_5 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_4_6 = acc_4_6 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_4_7 = acc_4_7 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_4_8 = acc_4_8 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_4_9 = acc_4_9 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_4_10 = acc_4_10 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 10)
+              acc_4_11 = acc_4_11 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 11)
+              acc_4_12 = acc_4_12 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 12)
+              acc_4_13 = acc_4_13 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 13)
+              acc_4_14 = acc_4_14 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 14)
+              acc_4_15 = acc_4_15 + mlp_dV(mlp_dV_row4 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 15)
+              acc_5_0 = acc_5_0 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e)
+              acc_5_1 = acc_5_1 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_5_2 = acc_5_2 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_5_3 = acc_5_3 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_5_4 = acc_5_4 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_5_5 = acc_5_5 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_5_6 = acc_5_6 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_5_7 = acc_5_7 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_5_8 = acc_5_8 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_5_9 = acc_5_9 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_5_10 = acc_5_10 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 10)
+              acc_5_11 = acc_5_11 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 11)
+              acc_5_12 = acc_5_12 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 12)
+              acc_5_13 = acc_5_13 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 13)
+              acc_5_14 = acc_5_14 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 14)
+              acc_5_15 = acc_5_15 + mlp_dV(mlp_dV_row5 + e) * mlp_WuT_panel(16*c_tile*dff + 16*e &
+                  & + 15)
             end do
             dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
             dxn2(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -15340,12 +15430,120 @@ contains
             dQ_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
             dQ_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
             dQ_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            !GCC$ novector
+            do c = 0, dh - 1
+              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+            end do
+          end do
+          !GCC$ novector
+          do h = 0, heads - 1
             dK_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
             dK_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
             dK_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
             dK_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
             dK_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
             dK_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            !GCC$ novector
+            do c = 0, dh - 1
+              acc_0_0 = acc_0_0 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+            end do
+          end do
+          !GCC$ novector
+          do h = 0, heads - 1
             dV_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
             dV_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
             dV_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
@@ -15354,150 +15552,54 @@ contains
             dV_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                  & + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row0 &
-                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dK(dK_row0 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                  & + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row1 &
-                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dK(dK_row1 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                  & + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row2 &
-                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dK(dK_row2 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                  & + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row3 &
-                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dK(dK_row3 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                  & + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row4 &
-                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dK(dK_row4 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                  & + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row5 &
-                  & + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 1) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 2) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 3) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 4) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 5) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 6) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                  & 7) + dK(dK_row5 + c) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                  & dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dV(dV_row0 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dV(dV_row1 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dV(dV_row2 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dV(dV_row3 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dV(dV_row4 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dV(dV_row5 + c) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0

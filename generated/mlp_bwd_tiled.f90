@@ -625,102 +625,105 @@ contains
             acc_5_7 = 0.0_c_double
             !GCC$ novector
             do e = 0, dff - 1
-              acc_0_0 = acc_0_0 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row0 + &
-                  & e) * WuT_panel(8*c_tile*dff + 8*e)
-              acc_0_1 = acc_0_1 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                  & dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_0_2 = acc_0_2 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                  & dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_0_3 = acc_0_3 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                  & dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_0_4 = acc_0_4 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                  & dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_0_5 = acc_0_5 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                  & dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_0_6 = acc_0_6 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                  & dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_0_7 = acc_0_7 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                  & dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_1_0 = acc_1_0 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row1 + &
-                  & e) * WuT_panel(8*c_tile*dff + 8*e)
-              acc_1_1 = acc_1_1 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                  & dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_1_2 = acc_1_2 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                  & dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_1_3 = acc_1_3 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                  & dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_1_4 = acc_1_4 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                  & dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_1_5 = acc_1_5 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                  & dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_1_6 = acc_1_6 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                  & dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_1_7 = acc_1_7 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                  & dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_2_0 = acc_2_0 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row2 + &
-                  & e) * WuT_panel(8*c_tile*dff + 8*e)
-              acc_2_1 = acc_2_1 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                  & dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_2_2 = acc_2_2 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                  & dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_2_3 = acc_2_3 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                  & dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_2_4 = acc_2_4 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                  & dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_2_5 = acc_2_5 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                  & dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_2_6 = acc_2_6 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                  & dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_2_7 = acc_2_7 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                  & dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_3_0 = acc_3_0 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row3 + &
-                  & e) * WuT_panel(8*c_tile*dff + 8*e)
-              acc_3_1 = acc_3_1 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                  & dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_3_2 = acc_3_2 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                  & dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_3_3 = acc_3_3 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                  & dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_3_4 = acc_3_4 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                  & dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_3_5 = acc_3_5 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                  & dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_3_6 = acc_3_6 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                  & dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_3_7 = acc_3_7 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                  & dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_4_0 = acc_4_0 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row4 + &
-                  & e) * WuT_panel(8*c_tile*dff + 8*e)
-              acc_4_1 = acc_4_1 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                  & dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_4_2 = acc_4_2 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                  & dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_4_3 = acc_4_3 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                  & dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_4_4 = acc_4_4 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                  & dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_4_5 = acc_4_5 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                  & dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_4_6 = acc_4_6 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                  & dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_4_7 = acc_4_7 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                  & dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
-              acc_5_0 = acc_5_0 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e) + dV(dV_row5 + &
-                  & e) * WuT_panel(8*c_tile*dff + 8*e)
-              acc_5_1 = acc_5_1 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 1) + &
-                  & dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
-              acc_5_2 = acc_5_2 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 2) + &
-                  & dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
-              acc_5_3 = acc_5_3 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 3) + &
-                  & dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
-              acc_5_4 = acc_5_4 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 4) + &
-                  & dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
-              acc_5_5 = acc_5_5 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 5) + &
-                  & dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
-              acc_5_6 = acc_5_6 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 6) + &
-                  & dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
-              acc_5_7 = acc_5_7 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 7) + &
-                  & dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_0_0 = acc_0_0 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e)
+              acc_0_1 = acc_0_1 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 1)
+              acc_0_2 = acc_0_2 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 2)
+              acc_0_3 = acc_0_3 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 3)
+              acc_0_4 = acc_0_4 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 4)
+              acc_0_5 = acc_0_5 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 5)
+              acc_0_6 = acc_0_6 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 6)
+              acc_0_7 = acc_0_7 + dU(dU_row0 + e) * WgT_panel(8*c_tile*dff + 8*e + 7)
+              acc_1_0 = acc_1_0 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e)
+              acc_1_1 = acc_1_1 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 1)
+              acc_1_2 = acc_1_2 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 2)
+              acc_1_3 = acc_1_3 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 3)
+              acc_1_4 = acc_1_4 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 4)
+              acc_1_5 = acc_1_5 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 5)
+              acc_1_6 = acc_1_6 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 6)
+              acc_1_7 = acc_1_7 + dU(dU_row1 + e) * WgT_panel(8*c_tile*dff + 8*e + 7)
+              acc_2_0 = acc_2_0 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e)
+              acc_2_1 = acc_2_1 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 1)
+              acc_2_2 = acc_2_2 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 2)
+              acc_2_3 = acc_2_3 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 3)
+              acc_2_4 = acc_2_4 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 4)
+              acc_2_5 = acc_2_5 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 5)
+              acc_2_6 = acc_2_6 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 6)
+              acc_2_7 = acc_2_7 + dU(dU_row2 + e) * WgT_panel(8*c_tile*dff + 8*e + 7)
+              acc_3_0 = acc_3_0 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e)
+              acc_3_1 = acc_3_1 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 1)
+              acc_3_2 = acc_3_2 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 2)
+              acc_3_3 = acc_3_3 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 3)
+              acc_3_4 = acc_3_4 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 4)
+              acc_3_5 = acc_3_5 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 5)
+              acc_3_6 = acc_3_6 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 6)
+              acc_3_7 = acc_3_7 + dU(dU_row3 + e) * WgT_panel(8*c_tile*dff + 8*e + 7)
+              acc_4_0 = acc_4_0 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e)
+              acc_4_1 = acc_4_1 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 1)
+              acc_4_2 = acc_4_2 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 2)
+              acc_4_3 = acc_4_3 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 3)
+              acc_4_4 = acc_4_4 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 4)
+              acc_4_5 = acc_4_5 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 5)
+              acc_4_6 = acc_4_6 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 6)
+              acc_4_7 = acc_4_7 + dU(dU_row4 + e) * WgT_panel(8*c_tile*dff + 8*e + 7)
+              acc_5_0 = acc_5_0 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e)
+              acc_5_1 = acc_5_1 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 1)
+              acc_5_2 = acc_5_2 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 2)
+              acc_5_3 = acc_5_3 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 3)
+              acc_5_4 = acc_5_4 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 4)
+              acc_5_5 = acc_5_5 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 5)
+              acc_5_6 = acc_5_6 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 6)
+              acc_5_7 = acc_5_7 + dU(dU_row5 + e) * WgT_panel(8*c_tile*dff + 8*e + 7)
+            end do
+            !GCC$ novector
+            do e = 0, dff - 1
+              acc_0_0 = acc_0_0 + dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e)
+              acc_0_1 = acc_0_1 + dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_0_2 = acc_0_2 + dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_0_3 = acc_0_3 + dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_0_4 = acc_0_4 + dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_0_5 = acc_0_5 + dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_0_6 = acc_0_6 + dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_0_7 = acc_0_7 + dV(dV_row0 + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_1_0 = acc_1_0 + dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e)
+              acc_1_1 = acc_1_1 + dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_1_2 = acc_1_2 + dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_1_3 = acc_1_3 + dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_1_4 = acc_1_4 + dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_1_5 = acc_1_5 + dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_1_6 = acc_1_6 + dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_1_7 = acc_1_7 + dV(dV_row1 + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_2_0 = acc_2_0 + dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e)
+              acc_2_1 = acc_2_1 + dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_2_2 = acc_2_2 + dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_2_3 = acc_2_3 + dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_2_4 = acc_2_4 + dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_2_5 = acc_2_5 + dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_2_6 = acc_2_6 + dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_2_7 = acc_2_7 + dV(dV_row2 + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_3_0 = acc_3_0 + dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e)
+              acc_3_1 = acc_3_1 + dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_3_2 = acc_3_2 + dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_3_3 = acc_3_3 + dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_3_4 = acc_3_4 + dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_3_5 = acc_3_5 + dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_3_6 = acc_3_6 + dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_3_7 = acc_3_7 + dV(dV_row3 + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_4_0 = acc_4_0 + dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e)
+              acc_4_1 = acc_4_1 + dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_4_2 = acc_4_2 + dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_4_3 = acc_4_3 + dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_4_4 = acc_4_4 + dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_4_5 = acc_4_5 + dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_4_6 = acc_4_6 + dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_4_7 = acc_4_7 + dV(dV_row4 + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_5_0 = acc_5_0 + dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e)
+              acc_5_1 = acc_5_1 + dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_5_2 = acc_5_2 + dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_5_3 = acc_5_3 + dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_5_4 = acc_5_4 + dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_5_5 = acc_5_5 + dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_5_6 = acc_5_6 + dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_5_7 = acc_5_7 + dV(dV_row5 + e) * WuT_panel(8*c_tile*dff + 8*e + 7)
             end do
             dX(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
             dX(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -2386,198 +2389,201 @@ contains
             acc_5_15 = 0.0_c_float
             !GCC$ novector
             do e = 0, dff - 1
-              acc_0_0 = acc_0_0 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e) + dV(dV_row0 &
-                  & + e) * WuT_panel(16*c_tile*dff + 16*e)
-              acc_0_1 = acc_0_1 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 1) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 1)
-              acc_0_2 = acc_0_2 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 2) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 2)
-              acc_0_3 = acc_0_3 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 3) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 3)
-              acc_0_4 = acc_0_4 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 4) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 4)
-              acc_0_5 = acc_0_5 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 5) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 5)
-              acc_0_6 = acc_0_6 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 6) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 6)
-              acc_0_7 = acc_0_7 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 7) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 7)
-              acc_0_8 = acc_0_8 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 8) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 8)
-              acc_0_9 = acc_0_9 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 9) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 9)
-              acc_0_10 = acc_0_10 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 10) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 10)
-              acc_0_11 = acc_0_11 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 11) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 11)
-              acc_0_12 = acc_0_12 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 12) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 12)
-              acc_0_13 = acc_0_13 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 13) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 13)
-              acc_0_14 = acc_0_14 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 14) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 14)
-              acc_0_15 = acc_0_15 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 15) + &
-                  & dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 15)
-              acc_1_0 = acc_1_0 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e) + dV(dV_row1 &
-                  & + e) * WuT_panel(16*c_tile*dff + 16*e)
-              acc_1_1 = acc_1_1 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 1) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 1)
-              acc_1_2 = acc_1_2 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 2) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 2)
-              acc_1_3 = acc_1_3 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 3) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 3)
-              acc_1_4 = acc_1_4 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 4) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 4)
-              acc_1_5 = acc_1_5 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 5) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 5)
-              acc_1_6 = acc_1_6 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 6) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 6)
-              acc_1_7 = acc_1_7 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 7) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 7)
-              acc_1_8 = acc_1_8 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 8) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 8)
-              acc_1_9 = acc_1_9 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 9) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 9)
-              acc_1_10 = acc_1_10 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 10) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 10)
-              acc_1_11 = acc_1_11 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 11) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 11)
-              acc_1_12 = acc_1_12 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 12) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 12)
-              acc_1_13 = acc_1_13 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 13) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 13)
-              acc_1_14 = acc_1_14 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 14) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 14)
-              acc_1_15 = acc_1_15 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 15) + &
-                  & dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 15)
-              acc_2_0 = acc_2_0 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e) + dV(dV_row2 &
-                  & + e) * WuT_panel(16*c_tile*dff + 16*e)
-              acc_2_1 = acc_2_1 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 1) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 1)
-              acc_2_2 = acc_2_2 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 2) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 2)
-              acc_2_3 = acc_2_3 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 3) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 3)
-              acc_2_4 = acc_2_4 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 4) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 4)
-              acc_2_5 = acc_2_5 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 5) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 5)
-              acc_2_6 = acc_2_6 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 6) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 6)
-              acc_2_7 = acc_2_7 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 7) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 7)
-              acc_2_8 = acc_2_8 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 8) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 8)
-              acc_2_9 = acc_2_9 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 9) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 9)
-              acc_2_10 = acc_2_10 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 10) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 10)
-              acc_2_11 = acc_2_11 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 11) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 11)
-              acc_2_12 = acc_2_12 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 12) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 12)
-              acc_2_13 = acc_2_13 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 13) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 13)
-              acc_2_14 = acc_2_14 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 14) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 14)
-              acc_2_15 = acc_2_15 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 15) + &
-                  & dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 15)
-              acc_3_0 = acc_3_0 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e) + dV(dV_row3 &
-                  & + e) * WuT_panel(16*c_tile*dff + 16*e)
-              acc_3_1 = acc_3_1 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 1) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 1)
-              acc_3_2 = acc_3_2 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 2) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 2)
-              acc_3_3 = acc_3_3 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 3) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 3)
-              acc_3_4 = acc_3_4 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 4) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 4)
-              acc_3_5 = acc_3_5 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 5) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 5)
-              acc_3_6 = acc_3_6 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 6) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 6)
-              acc_3_7 = acc_3_7 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 7) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 7)
-              acc_3_8 = acc_3_8 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 8) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 8)
-              acc_3_9 = acc_3_9 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 9) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 9)
-              acc_3_10 = acc_3_10 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 10) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 10)
-              acc_3_11 = acc_3_11 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 11) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 11)
-              acc_3_12 = acc_3_12 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 12) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 12)
-              acc_3_13 = acc_3_13 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 13) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 13)
-              acc_3_14 = acc_3_14 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 14) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 14)
-              acc_3_15 = acc_3_15 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 15) + &
-                  & dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 15)
-              acc_4_0 = acc_4_0 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e) + dV(dV_row4 &
-                  & + e) * WuT_panel(16*c_tile*dff + 16*e)
-              acc_4_1 = acc_4_1 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 1) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 1)
-              acc_4_2 = acc_4_2 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 2) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 2)
-              acc_4_3 = acc_4_3 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 3) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 3)
-              acc_4_4 = acc_4_4 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 4) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 4)
-              acc_4_5 = acc_4_5 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 5) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 5)
-              acc_4_6 = acc_4_6 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 6) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 6)
-              acc_4_7 = acc_4_7 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 7) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 7)
-              acc_4_8 = acc_4_8 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 8) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 8)
-              acc_4_9 = acc_4_9 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 9) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 9)
-              acc_4_10 = acc_4_10 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 10) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 10)
-              acc_4_11 = acc_4_11 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 11) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 11)
-              acc_4_12 = acc_4_12 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 12) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 12)
-              acc_4_13 = acc_4_13 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 13) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 13)
-              acc_4_14 = acc_4_14 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 14) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 14)
-              acc_4_15 = acc_4_15 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 15) + &
-                  & dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 15)
-              acc_5_0 = acc_5_0 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e) + dV(dV_row5 &
-                  & + e) * WuT_panel(16*c_tile*dff + 16*e)
-              acc_5_1 = acc_5_1 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 1) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 1)
-              acc_5_2 = acc_5_2 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 2) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 2)
-              acc_5_3 = acc_5_3 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 3) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 3)
-              acc_5_4 = acc_5_4 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 4) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 4)
-              acc_5_5 = acc_5_5 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 5) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 5)
-              acc_5_6 = acc_5_6 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 6) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 6)
-              acc_5_7 = acc_5_7 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 7) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 7)
-              acc_5_8 = acc_5_8 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 8) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 8)
-              acc_5_9 = acc_5_9 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 9) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 9)
-              acc_5_10 = acc_5_10 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 10) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 10)
-              acc_5_11 = acc_5_11 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 11) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 11)
-              acc_5_12 = acc_5_12 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 12) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 12)
-              acc_5_13 = acc_5_13 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 13) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 13)
-              acc_5_14 = acc_5_14 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 14) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 14)
-              acc_5_15 = acc_5_15 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 15) + &
-                  & dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 15)
+              acc_0_0 = acc_0_0 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e)
+              acc_0_1 = acc_0_1 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 1)
+              acc_0_2 = acc_0_2 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 2)
+              acc_0_3 = acc_0_3 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 3)
+              acc_0_4 = acc_0_4 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 4)
+              acc_0_5 = acc_0_5 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 5)
+              acc_0_6 = acc_0_6 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 6)
+              acc_0_7 = acc_0_7 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 7)
+              acc_0_8 = acc_0_8 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 8)
+              acc_0_9 = acc_0_9 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 9)
+              acc_0_10 = acc_0_10 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 10)
+              acc_0_11 = acc_0_11 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 11)
+              acc_0_12 = acc_0_12 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 12)
+              acc_0_13 = acc_0_13 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 13)
+              acc_0_14 = acc_0_14 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 14)
+              acc_0_15 = acc_0_15 + dU(dU_row0 + e) * WgT_panel(16*c_tile*dff + 16*e + 15)
+              acc_1_0 = acc_1_0 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e)
+              acc_1_1 = acc_1_1 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 1)
+              acc_1_2 = acc_1_2 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 2)
+              acc_1_3 = acc_1_3 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 3)
+              acc_1_4 = acc_1_4 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 4)
+              acc_1_5 = acc_1_5 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 5)
+              acc_1_6 = acc_1_6 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 6)
+              acc_1_7 = acc_1_7 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 7)
+              acc_1_8 = acc_1_8 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 8)
+              acc_1_9 = acc_1_9 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 9)
+              acc_1_10 = acc_1_10 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 10)
+              acc_1_11 = acc_1_11 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 11)
+              acc_1_12 = acc_1_12 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 12)
+              acc_1_13 = acc_1_13 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 13)
+              acc_1_14 = acc_1_14 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 14)
+              acc_1_15 = acc_1_15 + dU(dU_row1 + e) * WgT_panel(16*c_tile*dff + 16*e + 15)
+              acc_2_0 = acc_2_0 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e)
+              acc_2_1 = acc_2_1 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 1)
+              acc_2_2 = acc_2_2 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 2)
+              acc_2_3 = acc_2_3 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 3)
+              acc_2_4 = acc_2_4 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 4)
+              acc_2_5 = acc_2_5 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 5)
+              acc_2_6 = acc_2_6 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 6)
+              acc_2_7 = acc_2_7 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 7)
+              acc_2_8 = acc_2_8 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 8)
+              acc_2_9 = acc_2_9 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 9)
+              acc_2_10 = acc_2_10 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 10)
+              acc_2_11 = acc_2_11 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 11)
+              acc_2_12 = acc_2_12 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 12)
+              acc_2_13 = acc_2_13 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 13)
+              acc_2_14 = acc_2_14 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 14)
+              acc_2_15 = acc_2_15 + dU(dU_row2 + e) * WgT_panel(16*c_tile*dff + 16*e + 15)
+              acc_3_0 = acc_3_0 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e)
+              acc_3_1 = acc_3_1 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 1)
+              acc_3_2 = acc_3_2 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 2)
+              acc_3_3 = acc_3_3 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 3)
+              acc_3_4 = acc_3_4 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 4)
+              acc_3_5 = acc_3_5 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 5)
+              acc_3_6 = acc_3_6 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 6)
+              acc_3_7 = acc_3_7 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 7)
+              acc_3_8 = acc_3_8 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 8)
+              acc_3_9 = acc_3_9 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 9)
+              acc_3_10 = acc_3_10 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 10)
+              acc_3_11 = acc_3_11 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 11)
+              acc_3_12 = acc_3_12 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 12)
+              acc_3_13 = acc_3_13 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 13)
+              acc_3_14 = acc_3_14 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 14)
+              acc_3_15 = acc_3_15 + dU(dU_row3 + e) * WgT_panel(16*c_tile*dff + 16*e + 15)
+              acc_4_0 = acc_4_0 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e)
+              acc_4_1 = acc_4_1 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 1)
+              acc_4_2 = acc_4_2 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 2)
+              acc_4_3 = acc_4_3 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 3)
+              acc_4_4 = acc_4_4 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 4)
+              acc_4_5 = acc_4_5 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 5)
+              acc_4_6 = acc_4_6 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 6)
+              acc_4_7 = acc_4_7 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 7)
+              acc_4_8 = acc_4_8 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 8)
+              acc_4_9 = acc_4_9 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 9)
+              acc_4_10 = acc_4_10 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 10)
+              acc_4_11 = acc_4_11 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 11)
+              acc_4_12 = acc_4_12 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 12)
+              acc_4_13 = acc_4_13 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 13)
+              acc_4_14 = acc_4_14 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 14)
+              acc_4_15 = acc_4_15 + dU(dU_row4 + e) * WgT_panel(16*c_tile*dff + 16*e + 15)
+              acc_5_0 = acc_5_0 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e)
+              acc_5_1 = acc_5_1 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 1)
+              acc_5_2 = acc_5_2 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 2)
+              acc_5_3 = acc_5_3 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 3)
+              acc_5_4 = acc_5_4 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 4)
+              acc_5_5 = acc_5_5 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 5)
+              acc_5_6 = acc_5_6 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 6)
+              acc_5_7 = acc_5_7 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 7)
+              acc_5_8 = acc_5_8 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 8)
+              acc_5_9 = acc_5_9 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 9)
+              acc_5_10 = acc_5_10 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 10)
+              acc_5_11 = acc_5_11 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 11)
+              acc_5_12 = acc_5_12 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 12)
+              acc_5_13 = acc_5_13 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 13)
+              acc_5_14 = acc_5_14 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 14)
+              acc_5_15 = acc_5_15 + dU(dU_row5 + e) * WgT_panel(16*c_tile*dff + 16*e + 15)
+            end do
+            !GCC$ novector
+            do e = 0, dff - 1
+              acc_0_0 = acc_0_0 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e)
+              acc_0_1 = acc_0_1 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_0_2 = acc_0_2 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_0_3 = acc_0_3 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_0_4 = acc_0_4 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_0_5 = acc_0_5 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_0_6 = acc_0_6 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_0_7 = acc_0_7 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_0_8 = acc_0_8 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_0_9 = acc_0_9 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_0_10 = acc_0_10 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 10)
+              acc_0_11 = acc_0_11 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 11)
+              acc_0_12 = acc_0_12 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 12)
+              acc_0_13 = acc_0_13 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 13)
+              acc_0_14 = acc_0_14 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 14)
+              acc_0_15 = acc_0_15 + dV(dV_row0 + e) * WuT_panel(16*c_tile*dff + 16*e + 15)
+              acc_1_0 = acc_1_0 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e)
+              acc_1_1 = acc_1_1 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_1_2 = acc_1_2 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_1_3 = acc_1_3 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_1_4 = acc_1_4 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_1_5 = acc_1_5 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_1_6 = acc_1_6 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_1_7 = acc_1_7 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_1_8 = acc_1_8 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_1_9 = acc_1_9 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_1_10 = acc_1_10 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 10)
+              acc_1_11 = acc_1_11 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 11)
+              acc_1_12 = acc_1_12 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 12)
+              acc_1_13 = acc_1_13 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 13)
+              acc_1_14 = acc_1_14 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 14)
+              acc_1_15 = acc_1_15 + dV(dV_row1 + e) * WuT_panel(16*c_tile*dff + 16*e + 15)
+              acc_2_0 = acc_2_0 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e)
+              acc_2_1 = acc_2_1 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_2_2 = acc_2_2 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_2_3 = acc_2_3 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_2_4 = acc_2_4 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_2_5 = acc_2_5 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_2_6 = acc_2_6 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_2_7 = acc_2_7 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_2_8 = acc_2_8 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_2_9 = acc_2_9 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_2_10 = acc_2_10 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 10)
+              acc_2_11 = acc_2_11 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 11)
+              acc_2_12 = acc_2_12 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 12)
+              acc_2_13 = acc_2_13 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 13)
+              acc_2_14 = acc_2_14 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 14)
+              acc_2_15 = acc_2_15 + dV(dV_row2 + e) * WuT_panel(16*c_tile*dff + 16*e + 15)
+              acc_3_0 = acc_3_0 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e)
+              acc_3_1 = acc_3_1 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_3_2 = acc_3_2 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_3_3 = acc_3_3 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_3_4 = acc_3_4 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_3_5 = acc_3_5 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_3_6 = acc_3_6 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_3_7 = acc_3_7 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_3_8 = acc_3_8 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_3_9 = acc_3_9 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_3_10 = acc_3_10 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 10)
+              acc_3_11 = acc_3_11 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 11)
+              acc_3_12 = acc_3_12 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 12)
+              acc_3_13 = acc_3_13 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 13)
+              acc_3_14 = acc_3_14 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 14)
+              acc_3_15 = acc_3_15 + dV(dV_row3 + e) * WuT_panel(16*c_tile*dff + 16*e + 15)
+              acc_4_0 = acc_4_0 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e)
+              acc_4_1 = acc_4_1 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_4_2 = acc_4_2 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_4_3 = acc_4_3 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_4_4 = acc_4_4 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_4_5 = acc_4_5 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_4_6 = acc_4_6 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_4_7 = acc_4_7 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_4_8 = acc_4_8 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_4_9 = acc_4_9 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_4_10 = acc_4_10 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 10)
+              acc_4_11 = acc_4_11 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 11)
+              acc_4_12 = acc_4_12 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 12)
+              acc_4_13 = acc_4_13 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 13)
+              acc_4_14 = acc_4_14 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 14)
+              acc_4_15 = acc_4_15 + dV(dV_row4 + e) * WuT_panel(16*c_tile*dff + 16*e + 15)
+              acc_5_0 = acc_5_0 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e)
+              acc_5_1 = acc_5_1 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 1)
+              acc_5_2 = acc_5_2 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 2)
+              acc_5_3 = acc_5_3 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 3)
+              acc_5_4 = acc_5_4 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 4)
+              acc_5_5 = acc_5_5 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 5)
+              acc_5_6 = acc_5_6 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 6)
+              acc_5_7 = acc_5_7 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 7)
+              acc_5_8 = acc_5_8 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 8)
+              acc_5_9 = acc_5_9 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 9)
+              acc_5_10 = acc_5_10 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 10)
+              acc_5_11 = acc_5_11 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 11)
+              acc_5_12 = acc_5_12 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 12)
+              acc_5_13 = acc_5_13 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 13)
+              acc_5_14 = acc_5_14 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 14)
+              acc_5_15 = acc_5_15 + dV(dV_row5 + e) * WuT_panel(16*c_tile*dff + 16*e + 15)
             end do
             dX(16*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
             dX(16*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1

@@ -211,12 +211,120 @@ contains
             dQ_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
             dQ_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
             dQ_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            !GCC$ novector
+            do c = 0, dh - 1
+              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+            end do
+          end do
+          !GCC$ novector
+          do h = 0, heads - 1
             dK_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
             dK_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
             dK_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
             dK_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
             dK_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
             dK_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            !GCC$ novector
+            do c = 0, dh - 1
+              acc_0_0 = acc_0_0 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+            end do
+          end do
+          !GCC$ novector
+          do h = 0, heads - 1
             dV_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
             dV_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
             dV_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
@@ -225,150 +333,54 @@ contains
             dV_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row0 + c) &
-                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row1 + c) &
-                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row2 + c) &
-                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row3 + c) &
-                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row4 + c) &
-                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row5 + c) &
-                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           dX(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -1392,12 +1404,120 @@ contains
             dQ_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
             dQ_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
             dQ_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            !GCC$ novector
+            do c = 0, dh - 1
+              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+            end do
+          end do
+          !GCC$ novector
+          do h = 0, heads - 1
             dK_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
             dK_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
             dK_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
             dK_row3 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))
             dK_row4 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))
             dK_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
+            !GCC$ novector
+            do c = 0, dh - 1
+              acc_0_0 = acc_0_0 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+            end do
+          end do
+          !GCC$ novector
+          do h = 0, heads - 1
             dV_row0 = dh*(n*(b*heads + h) + min(6*i_tile, n - 1))
             dV_row1 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))
             dV_row2 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))
@@ -1406,150 +1526,54 @@ contains
             dV_row5 = dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row0 + c) &
-                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_0_1 = acc_0_1 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_0_2 = acc_0_2 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_0_3 = acc_0_3 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_0_4 = acc_0_4 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_0_5 = acc_0_5 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_0_6 = acc_0_6 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_0_7 = acc_0_7 + dQ(dQ_row0 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                  & + dK(dK_row0 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row0 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_1_0 = acc_1_0 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row1 + c) &
-                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_1_1 = acc_1_1 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_1_2 = acc_1_2 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_1_3 = acc_1_3 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_1_4 = acc_1_4 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_1_5 = acc_1_5 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_1_6 = acc_1_6 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_1_7 = acc_1_7 + dQ(dQ_row1 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                  & + dK(dK_row1 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row1 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_2_0 = acc_2_0 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row2 + c) &
-                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_2_1 = acc_2_1 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_2_2 = acc_2_2 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_2_3 = acc_2_3 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_2_4 = acc_2_4 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_2_5 = acc_2_5 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_2_6 = acc_2_6 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_2_7 = acc_2_7 + dQ(dQ_row2 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                  & + dK(dK_row2 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row2 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_3_0 = acc_3_0 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row3 + c) &
-                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_3_1 = acc_3_1 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_3_2 = acc_3_2 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_3_3 = acc_3_3 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_3_4 = acc_3_4 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_3_5 = acc_3_5 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_3_6 = acc_3_6 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_3_7 = acc_3_7 + dQ(dQ_row3 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                  & + dK(dK_row3 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row3 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_4_0 = acc_4_0 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row4 + c) &
-                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_4_1 = acc_4_1 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_4_2 = acc_4_2 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_4_3 = acc_4_3 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_4_4 = acc_4_4 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_4_5 = acc_4_5 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_4_6 = acc_4_6 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_4_7 = acc_4_7 + dQ(dQ_row4 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                  & + dK(dK_row4 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row4 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
-              acc_5_0 = acc_5_0 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                  & dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(dV_row5 + c) &
-                  & * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
-              acc_5_1 = acc_5_1 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
-              acc_5_2 = acc_5_2 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
-              acc_5_3 = acc_5_3 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
-              acc_5_4 = acc_5_4 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
-              acc_5_5 = acc_5_5 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
-              acc_5_6 = acc_5_6 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
-              acc_5_7 = acc_5_7 + dQ(dQ_row5 + c) * WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                  & + dK(dK_row5 + c) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(dV_row5 &
-                  & + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_0_0 = acc_0_0 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dV(dV_row0 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dV(dV_row1 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dV(dV_row2 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dV(dV_row3 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dV(dV_row4 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dV(dV_row5 + c) * WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           dX(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0

@@ -103,6 +103,19 @@ def test_register_tile_keeps_mr_by_nr_accumulators_and_an_edge_for_the_last_colu
     assert str(edge_cols.start) == "8*idiv(dff, 8)"
 
 
+def test_a_tile_of_merged_sums_runs_one_terms_loop_after_the_others():
+    """dX = dU Wg^T + dV Wu^T: one set of accumulators, a loop over e for each product, so
+    that the tile holds one product's operands at a time (both at once spilled on AVX2)."""
+    nests = {n.label: n for n in onf_of("mlp_bwd", "tiled").nests}
+    sums = [s for s in walk(nests["dX"].body) if isinstance(s, Loop) and s.vector_tile]
+    operands = [{e.array for u in s.body for e in S.subexpressions(u.value)
+                 if isinstance(e, S.Load)} for s in sums]
+    assert operands == [{"dU", "WgT_panel"}, {"dV", "WuT_panel"}]
+    assert [u.name for u in sums[0].body] == [u.name for u in sums[1].body]
+    accumulators = [s for s in walk(nests["dX"].body) if isinstance(s, Let)]
+    assert len(accumulators) == TILE_DEFAULTS["mr"] * TILE_DEFAULTS["nr"]
+
+
 def test_a_tile_stores_its_sums_and_a_pointwise_nest_applies_the_rest():
     """H = U sigmoid(U) * (X Wu): the tile stores the sums (vector stores), a parallel nest over
     the tiled columns multiplies by U sigmoid(U) (a vectorized loop of exponentials); the edge

@@ -111,14 +111,20 @@ class RegisterTile(Step):
         # compiler from holding the accumulators in vector registers (each lane taken out
         # for a scalar call)
         pointwise = store.value != reduction
-        lets, updates, stores = [], [], []
+        # a sum of merged sums' terms (dU Wg^T + dV Wu^T) runs one term's loop over k after
+        # the other's into the same accumulators: the tile then holds one term's operands at
+        # a time (6 x 2 accumulators, a panel row's two registers and a broadcast fit AVX2's
+        # 16 vector registers; both terms' operands at once spilled)
+        terms = _terms(body)
+        lets, stores, updates = [], [], [[] for _ in terms]
         for u in range(self.mr):
             r_u = sympy.Min(self.mr * r_tile + u, rows.stop - 1)
             for v in range(self.nr):
                 at = {rows.var: r_u, cols.var: self.nr * c_tile + v}
                 acc = acc_names.claim(acc_names.new(f"acc_{u}_{v}"))
                 lets.append(Let(acc, S.Num(0.0)))
-                updates.append(Update(acc, "+", S.subs(body, at)))
+                for term, term_updates in zip(terms, updates):
+                    term_updates.append(Update(acc, "+", S.subs(term, at)))
                 value = S.Local(acc) if pointwise else \
                     S.subs(S.replace_node(store.value, reduction, S.Local(acc)), at)
                 stores.append(Store(store.array, tuple(sympy.sympify(i).xreplace(at)
@@ -138,7 +144,9 @@ class RegisterTile(Step):
                           Loop(r_tile, per_block * r_blk, sympy.Min(row_tiles,
                                                                    per_block * r_blk + per_block),
                                ())]
-        tiles = enclose(outer + tile_loops, lets + list(enclose(k_loops, updates)) + stores)
+        tiles = enclose(outer + tile_loops, lets + [loop for term_updates in updates
+                                                    for loop in enclose(k_loops, term_updates)]
+                        + stores)
         tiled_cols = self.nr * idiv(cols.stop, self.nr)
         edge = enclose(outer + [rows, replace(cols, start=tiled_cols)], (store,))
         nests, temps = [], onf.temps
@@ -240,6 +248,13 @@ def _merge_sums(e):
             return replace(left, body=_merge_sums(body))  # nested sums merge level by level
         return replace(e, left=left, right=right)
     return e
+
+
+def _terms(e):
+    """The terms of a sum (a + b + c), in order; e alone if it is no sum."""
+    if isinstance(e, S.Bin) and e.op == "+":
+        return _terms(e.left) + _terms(e.right)
+    return [e]
 
 
 def _outermost_reductions(e):
