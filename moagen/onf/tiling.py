@@ -14,7 +14,10 @@ in the loop over k is used mr or nr times from registers:
 The columns of a tile are consecutive (the contiguous axis of the output and of the
 operand indexed by c), which the compiler turns into vector registers. A row tile past the
 last row repeats the last row, recomputing and storing the same value; no edge code for
-rows is needed, and the rows of a tile never leave one thread.
+rows is needed, and the rows of a tile never leave one thread. Sums over one extent
+(dU Wg^T + dV Wu^T) share the accumulators, each term with its own loop over k after the
+other's (`for k: acc += a; for k: acc += b`): the registers hold one term's operands at a
+time.
 """
 from dataclasses import dataclass, replace
 
@@ -111,10 +114,9 @@ class RegisterTile(Step):
         # compiler from holding the accumulators in vector registers (each lane taken out
         # for a scalar call)
         pointwise = store.value != reduction
-        # a sum of merged sums' terms (dU Wg^T + dV Wu^T) runs one term's loop over k after
-        # the other's into the same accumulators: the tile then holds one term's operands at
-        # a time (6 x 2 accumulators, a panel row's two registers and a broadcast fit AVX2's
-        # 16 vector registers; both terms' operands at once spilled)
+        # one loop over k a term (the module's docstring): 6 x 2 accumulators, a panel row's
+        # two registers and a broadcast fit AVX2's 16 vector registers; two terms' operands
+        # at once spilled
         terms = _terms(body)
         lets, stores, updates = [], [], [[] for _ in terms]
         for u in range(self.mr):
