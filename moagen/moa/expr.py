@@ -47,6 +47,13 @@ def divides(f: int, e) -> bool:
     return all(t.as_coeff_Mul()[0] % f == 0 for t in sympy.Add.make_args(sympy.expand(e)))
 
 
+def simplified(e):
+    """An index expression simplified: a ratio of polynomials (the common case: 3*d over d)
+    by cancelling common factors, all that sympy's simplify would do to it at a hundredth of
+    the time; one with Min, Max or idiv by simplify."""
+    return sympy.cancel(e) if e.is_rational_function() else sympy.simplify(e)
+
+
 # how index arithmetic evaluates in Python (sympy.lambdify), on integers
 INDEX_NAMESPACE = {"idiv": lambda a, b: a // b, "Min": min, "Max": max}
 

@@ -11,7 +11,7 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.moa.expr import idiv
+from moagen.moa.expr import idiv, simplified
 from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, defined_names, loop_vars,
                               map_stmt_exprs, perfect_chain, stmt_exprs, tails, walk)
 from moagen.onf.fusion import independent
@@ -460,7 +460,7 @@ def _block_owner(loop):
         if step == 0 or v in step.free_symbols or loop.start.diff(v, 2) != 0:
             continue
         ends = loop.stop.args if isinstance(loop.stop, sympy.Min) else (loop.stop,)
-        if any(sympy.simplify(end - loop.start - step).is_nonpositive for end in ends):
+        if any(simplified(end - loop.start - step).is_nonpositive for end in ends):
             return v
     return None
 

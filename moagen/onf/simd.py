@@ -31,6 +31,7 @@ from itertools import combinations
 import sympy
 
 from moagen.moa import scalar as S
+from moagen.moa.expr import simplified
 from moagen.onf.loops import ONF, Let, Loop, Store, Update, map_stmt_exprs, stmt_exprs
 from moagen.onf.schedule import kernel_names
 
@@ -134,7 +135,7 @@ def _ranges_apart(a, b, var, start, stop, positive=frozenset()) -> bool:
     dtypes and languages, and the block's stages, ask the same questions."""
     if sympy.diff(a, var) != 1 or sympy.diff(b, var) != 1:
         return False
-    gap, longest = sympy.simplify(a - b), _longest(start, stop)
+    gap, longest = simplified(a - b), _longest(start, stop)
     if longest is not None:
         at_least_one = {s: sympy.Symbol(s.name, integer=True, positive=True)
                         for s in positive & gap.free_symbols}
@@ -142,16 +143,17 @@ def _ranges_apart(a, b, var, start, stop, positive=frozenset()) -> bool:
             return True
         if gap.is_number:
             return False
-    apart = sympy.simplify(gap / (stop - start))
+    apart = simplified(gap / (stop - start))
     return bool(apart.is_integer) and apart != 0
 
 
+@lru_cache(maxsize=1024)
 def _longest(start, stop):
     """A number of iterations a loop from start to stop never exceeds (its stop may be
     Min(n, start + 64), its start Max(64 i_blk, k0): a causal block's rows past its keys),
-    or None."""
+    or None. Remembered apart from _ranges_apart: a loop's every pair of stores asks it."""
     stops = stop.args if isinstance(stop, sympy.Min) else (stop,)
-    spans = [sympy.simplify(end - low) for end in stops for low in _lower_bounds(start)]
+    spans = [simplified(end - low) for end in stops for low in _lower_bounds(start)]
     numbers = [span for span in spans if span.is_number]
     return min(numbers) if numbers else None
 
