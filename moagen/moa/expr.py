@@ -49,8 +49,8 @@ def divides(f: int, e) -> bool:
 
 def simplified(e):
     """An index expression simplified: a ratio of polynomials (the common case: 3*d over d)
-    by cancelling common factors, all that sympy's simplify would do to it at a hundredth of
-    the time; one with Min, Max or idiv by simplify."""
+    by cancelling common factors, which is all sympy's simplify would do to it, and far
+    faster; one with Min, Max or idiv by simplify."""
     return sympy.cancel(e) if e.is_rational_function() else sympy.simplify(e)
 
 
