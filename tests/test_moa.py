@@ -3,6 +3,7 @@ offending node's path and shapes, and KernelSpec validation."""
 import re
 
 import pytest
+import sympy
 
 from moagen.errors import ShapeError, SpecError
 from moagen.moa import expr as E
@@ -174,3 +175,10 @@ def test_validate_reports_shape_errors_with_the_output_path():
     spec = _spec([Output("C", M + N, ("i", "c"))])
     with pytest.raises(ShapeError, match=r"^k\.C: BinOp\(\+\).*\(m, n\).*\(n, p\)"):
         spec.validate()
+
+
+def test_simplified_cancels_a_common_factor_of_a_ratio():
+    """The generator's index simplification (a scratch row's gap over a loop's extent):
+    the common factor cancels, which sympy's automatic evaluation does not do."""
+    ratio = (2 * n + 2) / (n + 1)
+    assert ratio != 2 and E.simplified(ratio) == 2
