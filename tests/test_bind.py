@@ -40,6 +40,39 @@ def test_native_kernel_matches_numpy_exactly(libraries, scale_rows, lang, dtype)
     np.testing.assert_array_equal(out, _reference(X, s, -0.5))
 
 
+def test_a_c_kernel_called_by_address_writes_what_its_array_call_does(libraries, scale_rows):
+    """call_at: the caller's memory by address (moagen.torch's tensors), the caller's
+    allocator for the outputs; the same numbers as the call on arrays."""
+    kernel = get_target("c").bind(libraries["c"], scale_rows.signature("float64"))
+    X, s = _inputs("float64")
+    made = []
+
+    def allocate(shape):
+        made.append(np.full(shape, np.nan))
+        return made[-1], made[-1].ctypes.data
+
+    Y = kernel.call_at([(X.ctypes.data, X.shape), (s.ctypes.data, s.shape)], allocate, alpha=1.7)
+    assert Y is made[0] and Y.shape == (M, N)
+    np.testing.assert_array_equal(Y, kernel(X, s, 1.7))
+
+
+def test_a_call_by_address_checks_shapes_and_scalars_and_who_may_take_it(libraries, scale_rows):
+    c = get_target("c").bind(libraries["c"], scale_rows.signature("float64"))
+    X, s = _inputs("float64")
+    never = lambda shape: pytest.fail("allocated for a call that is refused")  # noqa: E731
+    with pytest.raises(ValueError, match=r"argument 's': expected shape \(m,\) = \(5,\)"):
+        c.call_at([(X.ctypes.data, X.shape), (s.ctypes.data, (4,))], never, alpha=1.0)
+    with pytest.raises(ValueError, match="scalar 'alpha': expected a finite"):
+        c.call_at([(X.ctypes.data, X.shape), (s.ctypes.data, s.shape)], never, alpha=np.inf)
+    with pytest.raises(ValueError, match="missing argument"):
+        c.call_at([(X.ctypes.data, X.shape), (s.ctypes.data, s.shape)], never)
+    # f2py's binding takes numpy arrays only
+    fortran = get_target("fortran").bind(libraries["fortran"], scale_rows.signature("float64"))
+    assert c.takes_addresses and not fortran.takes_addresses
+    with pytest.raises(ValueError, match="not called by address"):
+        fortran.call_at([(X.ctypes.data, X.shape), (s.ctypes.data, s.shape)], never, alpha=1.0)
+
+
 def test_every_kernel_of_a_library_binds_separately(libraries, scale_rows):
     c = get_target("c")
     f64 = c.bind(libraries["c"], scale_rows.signature("float64"))

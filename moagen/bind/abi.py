@@ -21,23 +21,26 @@ from moagen.moa.expr import INDEX_NAMESPACE
 
 from .cuda_arrays import DeviceArray, DeviceView, device_view
 
-# A host kernel's scratch up to this size is kept for the thread's next call of the same
-# shapes: fresh memory is page-faulted and zeroed by the OS on first touch, which costs as
-# much as a small kernel's work (~4 ms for 10 MB here). Larger scratch is not held between
-# calls.
+# A host kernel's scratch up to this size (a call's arrays together) is kept for the
+# thread's next call of the same shapes: fresh memory is page-faulted and zeroed by the OS on
+# first touch, which costs as much as a small kernel's work (~4 ms for 10 MB here). Larger
+# scratch is not held between calls.
 KEEP_HOST_SCRATCH = 256 * 2**20  # bytes
 
 
 class KernelCallable:
-    def __init__(self, signature, native_call, validate=None, device=None):
+    def __init__(self, signature, native_call, validate=None, device=None, address_call=None):
         """native_call(*input arrays, *output arrays, *scratch arrays, *sizes as int, *scalars
         as float) runs the kernel; validate(sizes, scalars), both dicts by name, may add a
         kernel-specific check that raises ValueError. device: where the kernel runs, for a
         kernel that runs on one (moagen.bind.cuda): it checks device arrays' pointers and
         allocates their outputs, and every call's scratch; native_call then gets numpy
-        arrays or DeviceViews, never both in one call."""
+        arrays or DeviceViews, never both in one call. address_call: native_call's twin
+        taking each array as its address (an int), for call_at; None where the binding
+        needs arrays (f2py's)."""
         self.signature = signature
         self._native_call = native_call
+        self._address_call = address_call
         self._validate = validate
         self.device = device
         # a device kernel's scratch, kept from call to call: allocating and freeing GPU
@@ -70,32 +73,39 @@ class KernelCallable:
         self._scratch_params = signature.scratch
         self._argument = {a.name: f"argument {a.name!r}" for a in self._inputs}
         self._contiguous = "c_contiguous" if signature.layout == "row" else "f_contiguous"
-        self._shapes = {}  # sizes (a tuple) -> each array's shape by name, for recent sizes
+        self._order = "C" if signature.layout == "row" else "F"
+        self._inout = tuple(k for k, p in enumerate(self._inputs) if p.intent == "inout")
+        self._fits = {}  # (input shapes, given sizes) -> (sizes, shapes): see _fit
 
     def __call__(self, *args, out=None, **kwargs):
-        values = self._bind(args, kwargs)
+        if kwargs or len(args) != len(self._params):
+            args = self._bind(args, kwargs)
+        n_inputs, n_scalars = len(self._inputs), len(self.signature.scalars)
+        inputs = args[:n_inputs]
         argument = self._argument
-        inputs = [self._array(argument[p.name], p, values[p.name]) for p in self._inputs]
-        on_device = self._same_side([(argument[p.name], a) for p, a in zip(self._inputs, inputs)])
-        for k, (param, array) in enumerate(zip(self._inputs, inputs)):
-            self._check_array(argument[param.name], param, array)
-            if param.intent == "inout":
-                self._check_writable(argument[param.name], array, inputs[:k] + inputs[k + 1:])
-        sizes = self._sizes(values, inputs)
-        shapes = self._shapes_at(sizes)
-        for param, array in zip(self._inputs, inputs):
-            if array.shape != shapes[param.name]:
-                self._shape_error(argument[param.name], param, array, sizes)
-            if on_device:
+        if self.device is None:
+            on_device = False
+            for param, array in zip(self._inputs, inputs):
+                self._check_host_array(param, array)
+        else:
+            inputs = [self._array(argument[p.name], p, a) for p, a in zip(self._inputs, inputs)]
+            on_device = self._same_side([(argument[p.name], a) for p, a in zip(self._inputs, inputs)])
+            for param, array in zip(self._inputs, inputs):
+                self._check_array(argument[param.name], param, array)
+        for k in self._inout:
+            self._check_writable(argument[self._inputs[k].name], inputs[k],
+                                 [*inputs[:k], *inputs[k + 1:]])
+        sizes, shapes, scratch_shapes = self._fit(tuple(a.shape for a in inputs),
+                                                  args[n_inputs + n_scalars:])
+        if on_device:
+            for param, array in zip(self._inputs, inputs):
                 self._check_memory(argument[param.name], array)
-        scalars = [self._scalar(name, values[name]) for name in self.signature.scalars]
-        if self._validate is not None:
-            self._validate(dict(sizes), dict(zip(self.signature.scalars, scalars)))
+        scalars = self._scalars(args[n_inputs:n_inputs + n_scalars], sizes)
         outputs = self._outputs_for(out, sizes, shapes, inputs, on_device)
         # the full-size temporaries of a variant that materializes them: allocated here, so
         # that running out of memory is a MemoryError, not a crash in native code; where
         # the kernel runs, whatever side its arguments are on
-        scratch = [self._scratch(p, shapes[p.name]) for p in self._scratch_params]
+        scratch = self._scratch(scratch_shapes, on_device)[0] if scratch_shapes else ()
         self._native_call(*inputs, *outputs, *scratch, *sizes.values(), *scalars)
         if not outputs:  # the kernel only updates its inout arguments
             return None
@@ -104,28 +114,65 @@ class KernelCallable:
             outputs = [a.obj if isinstance(a, DeviceView) else a for a in outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
+    @property
+    def takes_addresses(self) -> bool:
+        """Whether call_at runs this kernel: a host kernel of row layout that writes none of
+        its inputs, bound by addresses (C's cffi binding)."""
+        return (self._address_call is not None and self.device is None and not self._inout
+                and self.signature.layout == "row")
+
+    def call_at(self, inputs, allocate, **named):
+        """The kernel on memory its caller holds and has checked, for arrays numpy does not
+        hold (moagen.torch's tensors): inputs as (address, shape) pairs in signature order,
+        each address the start of a C-contiguous array of the kernel's dtype and of that
+        shape, aligned to the dtype; allocate(shape) -> (array, address): new memory for an
+        output; named: the scalars and given sizes by name. The shapes, sizes and scalars
+        are checked here as a call's are; the scratch is the kernel's own (kept as a call's).
+        Returns the outputs as allocate made them (a tuple when there are several)."""
+        if not self.takes_addresses:
+            raise ValueError(f"{self.signature.name}: this kernel is not called by address "
+                             "(see takes_addresses): call it with arrays")
+        n_inputs, n_scalars = len(self._inputs), len(self.signature.scalars)
+        args = self._bind(tuple(inputs), named)
+        sizes, shapes, scratch_shapes = self._fit(tuple(shape for _, shape in inputs),
+                                                  args[n_inputs + n_scalars:])
+        scalars = self._scalars(args[n_inputs:n_inputs + n_scalars], sizes)
+        outputs = [allocate(shapes[p.name]) for p in self._outputs]
+        scratch = self._scratch(scratch_shapes, False)[1] if scratch_shapes else ()
+        self._address_call(*(address for address, _ in inputs),
+                           *(address for _, address in outputs), *scratch,
+                           *sizes.values(), *scalars)
+        return outputs[0][0] if len(outputs) == 1 else tuple(array for array, _ in outputs)
+
     def __repr__(self):
         outputs = ", ".join(p.name for p in self.signature.outputs)
         return f"<KernelCallable {self.signature.name}({', '.join(self._params)}) -> {outputs}>"
 
     def _bind(self, args, kwargs):
-        """Match positional and keyword arguments to the inputs and scalars, like a def would."""
-        if not kwargs and len(args) == len(self._params):
-            return dict(zip(self._params, args))
+        """The arguments in signature order (inputs, scalars, given sizes), from positional and
+        keyword arguments matched like a def's."""
+        params = self._params
+        values = dict(zip(params, args))
+        for key, value in kwargs.items():
+            if key not in params or key in values:
+                break
+            values[key] = value
+        else:
+            if len(values) == len(params) and len(args) <= len(params):
+                return tuple(values[p] for p in params)
+        self._binding_error(args, kwargs)
+
+    def _binding_error(self, args, kwargs):
         name, params = self.signature.name, ", ".join(self._params)
         if len(args) > len(self._params):
             raise ValueError(f"{name}: takes {len(self._params)} arguments ({params}), got {len(args)} positional")
-        values = dict(zip(self._params, args))
-        for key, value in kwargs.items():
+        for key in kwargs:
             if key not in self._params:
                 raise ValueError(f"{name}: unexpected argument {key!r}; it takes ({params})")
-            if key in values:
+            if self._params.index(key) < len(args):
                 raise ValueError(f"{name}: argument {key!r} given twice")
-            values[key] = value
-        missing = [p for p in self._params if p not in values]
-        if missing:
-            raise ValueError(f"{name}: missing argument(s) {', '.join(missing)}; it takes ({params})")
-        return values
+        missing = [p for p in self._params[len(args):] if p not in kwargs]
+        raise ValueError(f"{name}: missing argument(s) {', '.join(missing)}; it takes ({params})")
 
     def _array(self, what, param, array):
         """A numpy array as it is, a device array as its DeviceView, anything else refused."""
@@ -155,28 +202,35 @@ class KernelCallable:
         return sides == {True}
 
     def _empty(self, shape, on_device):
-        order = "C" if self.signature.layout == "row" else "F"
         if on_device:
-            return DeviceArray(self.device, shape, self._dtype, order)
-        return np.empty(shape, self._dtype, order=order)
+            return DeviceArray(self.device, shape, self._dtype, self._order)
+        return np.empty(shape, self._dtype, order=self._order)
 
-    def _scratch(self, param, shape):
-        """The call's scratch, kept from the last call while its shape stays the same (see
+    def _scratch(self, shapes, on_device):
+        """The call's scratch arrays (shapes: theirs, a tuple) and, on the host, their
+        addresses, kept from the thread's last call while their shapes stay the same (see
         KEEP_HOST_SCRATCH and __init__)."""
-        on_device = self.device is not None
-        if on_device:
-            kept = self._device_scratch
-        else:
-            kept = self._host_scratch.__dict__
-            if math.prod(shape) * self._dtype.itemsize > KEEP_HOST_SCRATCH:
-                kept.pop(param.name, None)
-                return self._empty(shape, False)
-        array = kept.pop(param.name, None)
-        if array is None or array.shape != shape:
-            array = None  # the old memory is freed before the new is allocated
-            array = self._empty(shape, on_device)
-        kept[param.name] = array
-        return array
+        kept = self._device_scratch if on_device else self._host_scratch.__dict__
+        last = kept.pop("scratch", None)
+        if last is None or last[0] != shapes:
+            last = None  # the old memory is freed before the new is allocated
+            arrays = [self._empty(shape, on_device) for shape in shapes]
+            addresses = None if on_device else [a.ctypes.data for a in arrays]
+            last = (shapes, arrays, addresses, sum(a.nbytes for a in arrays))
+        if on_device or last[3] <= KEEP_HOST_SCRATCH:
+            kept["scratch"] = last
+        return last[1:3]
+
+    def _check_host_array(self, param, array):
+        """A host kernel's input: a numpy array of the kernel's rank, dtype and layout (the
+        common case in one test; anything else to the checks that say what is wrong)."""
+        if (isinstance(array, np.ndarray) and array.dtype == self._dtype
+                and array.ndim == len(param.shape)):
+            flags = array.flags
+            if getattr(flags, self._contiguous) and flags.aligned:
+                return
+        what = self._argument[param.name]
+        self._check_array(what, param, self._array(what, param, array))
 
     def _check_array(self, what, param, array):
         """Rank, dtype, layout: what makes the raw pointer mean what the kernel thinks."""
@@ -198,47 +252,67 @@ class KernelCallable:
                              f"{array.strides}; pass np.asfortranarray(...)")
         raise ValueError(f"{where}: the array's data is not aligned to its dtype")
 
-    def _sizes(self, values, inputs):
-        """Each size by name, in signature order, read off the inputs or given."""
+    def _fit(self, input_shapes, given):
+        """The call's sizes by name, each array's shape by name and the scratch arrays' shapes
+        (a tuple), after checking that the inputs' shapes fit the signature. A function of
+        the inputs' shapes and the given sizes only, so remembered for the last few of them:
+        a model calls a kernel again and again at the same shapes."""
+        for name, value in zip(self._given, given):
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"{self.signature.name}: size {name} must be an integer, "
+                                 f"got {type(value).__name__}")
+        key = (input_shapes, given)
+        fit = self._fits.get(key)
+        if fit is None:
+            sizes = self._sizes(input_shapes, given)
+            shapes = self._shapes_at(sizes)
+            for param, shape in zip(self._inputs, input_shapes):
+                if shape != shapes[param.name]:
+                    self._shape_error(self._argument[param.name], param, shape, sizes)
+            if len(self._fits) >= 64:
+                self._fits.clear()
+            scratch = tuple(shapes[p.name] for p in self._scratch_params)
+            fit = self._fits[key] = (sizes, shapes, scratch)
+        return fit
+
+    def _sizes(self, input_shapes, given):
+        """Each size by name, in signature order, read off the inputs' shapes or given
+        (integers)."""
+        given = dict(zip(self._given, given))
         sizes = {}
         for name, source in self._size_sources:
             if source is None:
-                value = values[name]
-                if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-                    raise ValueError(f"{self.signature.name}: size {name} must be an integer, "
-                                     f"got {type(value).__name__}")
                 # a given count may be 0 (an empty cache); an array dimension may not
-                value, least = int(value), 0
+                value, least = int(given[name]), 0
             else:
-                value, least = inputs[source[0]].shape[source[1]], 1
+                value, least = input_shapes[source[0]][source[1]], 1
             if value < least:
-                given = ("as given" if source is None else
-                         f"axis {source[1]} of argument {self._inputs[source[0]].name!r}")
+                given_as = ("as given" if source is None else
+                            f"axis {source[1]} of argument {self._inputs[source[0]].name!r}")
                 raise ValueError(f"{self.signature.name}: size {name} must be >= {least}, got "
-                                 f"{value} ({given})")
+                                 f"{value} ({given_as})")
             sizes[name] = value
         return sizes
 
     def _shapes_at(self, sizes):
-        """Each array's shape by name at these sizes (dict by name), remembered for a few
-        sizes: evaluating the shapes costs more than checking them."""
-        key = tuple(sizes.values())
-        shapes = self._shapes.get(key)
-        if shapes is None:
-            if len(self._shapes) >= 64:
-                self._shapes.clear()
-            shapes = self._shapes[key] = {
-                name: tuple(int(d) for d in shape_of(*key))
+        """Each array's shape by name at these sizes (a dict by name)."""
+        return {name: tuple(int(d) for d in shape_of(*sizes.values()))
                 for name, shape_of in self._shape_of.items()}
-        return shapes
 
-    def _shape_error(self, what, param, array, sizes):
+    def _shape_error(self, what, param, shape, sizes):
         expected = self._shapes_at(sizes)[param.name]
         inferred = ", ".join(f"{name}={sizes[name]}" + ("" if at is None else
                                                         f" from {self._inputs[at[0]].name!r}")
                              for name, at in self._size_sources)
         raise ValueError(f"{self.signature.name}: {what}: expected shape {_symbolic(param.shape)} = "
-                         f"{expected}, got {array.shape} (sizes: {inferred})")
+                         f"{expected}, got {shape} (sizes: {inferred})")
+
+    def _scalars(self, values, sizes):
+        """The scalars checked (as floats), in signature order, and then validate's check."""
+        scalars = [self._scalar(name, value) for name, value in zip(self.signature.scalars, values)]
+        if self._validate is not None:
+            self._validate(dict(sizes), dict(zip(self.signature.scalars, scalars)))
+        return scalars
 
     def _scalar(self, name, value):
         if type(value) is float and math.isfinite(value) and abs(value) <= self._largest:
@@ -270,7 +344,7 @@ class KernelCallable:
             what = f"out {param.name!r}"
             self._check_array(what, param, array)
             if array.shape != shapes[param.name]:
-                self._shape_error(what, param, array, sizes)
+                self._shape_error(what, param, array.shape, sizes)
             self._check_memory(what, array)
             self._check_writable(what, array, [*inputs, *out[:i]])
         return list(out)

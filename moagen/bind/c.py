@@ -29,14 +29,16 @@ def load(path):
 
 
 def bind(library, signature, validate=None):
-    return KernelCallable(signature, host_call(library, signature), validate)
+    native_call, address_call = host_calls(library, signature)
+    return KernelCallable(signature, native_call, validate, address_call=address_call)
 
 
-def host_call(library, signature, result="void"):
+def host_calls(library, signature):
     """The kernel's exported function over host arrays: (arrays, sizes, scalars) -> its
-    result, the arrays handed over as pointers to their memory."""
+    result, the arrays handed over as pointers to their memory; and its twin taking each
+    array as its address (an int)."""
     ffi = cffi.FFI()
-    ffi.cdef(declaration(signature, result))
+    ffi.cdef(declaration(signature))
     function = getattr(dlopen(ffi, library), signature.name)
     buffer_type = ffi.typeof(CTYPES[signature.dtype] + "[]")
     n_arrays = len(signature.arrays)
@@ -50,4 +52,9 @@ def host_call(library, signature, result="void"):
                   for w, a in zip(writable, args[:n_arrays])]
         return function(*arrays, *args[n_arrays:])
 
-    return native_call
+    pointer_type = ffi.typeof(CTYPES[signature.dtype] + " *")
+
+    def address_call(*args):
+        return function(*(ffi.cast(pointer_type, a) for a in args[:n_arrays]), *args[n_arrays:])
+
+    return native_call, address_call
