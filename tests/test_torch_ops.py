@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import moagen.torch as mt
 from moagen.reference_block import _block_torch
-from moagen.torch_ops.native import CUDA_MISSING
+from moagen.torch_ops.native import CUDA_MISSING, call
 
 F64 = torch.float64
 
@@ -244,6 +244,9 @@ def test_bad_inputs_get_errors_that_name_the_argument():
     assert CUDA_MISSING in _errors_of(lambda: mt.attention(q, q, q, lang="cuda"))
     assert "must be a torch.Tensor" in _errors_of(lambda: mt.rms_norm(q.numpy(), q[0, 0, 0]))
     assert "weight's length" in _errors_of(lambda: mt.rms_norm(q, torch.ones(4)))
+    # the custom op called directly checks too (the public function checked above)
+    assert "moagen::rms_norm: weight's length" in _errors_of(
+        lambda: torch.ops.moagen.rms_norm(q, torch.ones(4), 1e-5, "c"))
     assert "eps must be positive" in _errors_of(lambda: mt.rms_norm(q, torch.ones(5), 0.0))
     x = torch.randn(3, 5)
     assert "w_down's shape" in _errors_of(lambda: mt.swiglu_mlp(x, torch.ones(5, 6),
@@ -255,6 +258,17 @@ def test_bad_inputs_get_errors_that_name_the_argument():
                                                           torch.randn(1, 3, 1, 5)))
     block = mt.Block(6, 2, 3, 4)
     assert "x must have 3 dimensions" in _errors_of(lambda: block(torch.randn(6)))
+
+
+def test_a_c_kernel_reads_no_tensor_whose_address_would_mislead_it():
+    """The C kernels take the tensors' addresses: the memory must hold the kernel's dtype,
+    aligned to it (checked before the address reaches native code)."""
+    shifted = torch.frombuffer(bytearray(4 * 17), dtype=torch.float32, offset=1, count=16)
+    assert shifted.data_ptr() % 4
+    assert "not aligned" in _errors_of(lambda: mt.rms_norm(shifted.view(2, 8), torch.ones(8)))
+    assert "expected a CPU tensor of torch.float32" in _errors_of(
+        lambda: call("rmsnorm_fwd", "dnf", "c", torch.ones(1, 2, 8),
+                     torch.ones(8, dtype=torch.float64), eps=1e-5))
 
 
 def test_cuda_tensors_are_refused_with_what_is_missing():

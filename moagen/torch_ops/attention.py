@@ -12,8 +12,8 @@ when kv_heads = heads), scale 1/sqrt(d) unless given, optionally causal.
 
 The grouped kernels (moagen.kernels.attention_gqa) read each KV head for its whole group:
 k and v are never repeated per query head, nor their gradients summed back in PyTorch. They
-take q as (batch, kv_heads, group, n, d), a view of the contiguous q. Both kernels'
-schedules are fitted to the sequence length and head size
+take q as (batch, kv_heads, group, n, d): the contiguous q's values under that shape. Both
+kernels' schedules are fitted to the sequence length and head size
 (moagen.kernels.attention.flash_params).
 
 The backward alone rather than a fused forward + backward (attention_fwdbwd): the forward
@@ -61,45 +61,40 @@ def _check(op, q, k, v, lang):
             raise ValueError(f"{op}: {name} is empty, shape {tuple(t.shape)}")
 
 
-def grouped(t: Tensor, kv_heads: int) -> Tensor:
-    """(batch, heads, ...) as the grouped kernels' (batch, kv_heads, group, ...): query head
-    g * group + r as (g, r). A view of a contiguous tensor (a copy of another: an output
-    gradient may come strided)."""
-    return t.reshape(t.shape[0], kv_heads, t.shape[1] // kv_heads, *t.shape[2:])
+def grouped(t: Tensor, kv_heads: int):
+    """(batch, heads, ...) seen as the grouped kernels' (batch, kv_heads, group, ...): query
+    head g * group + r as (g, r)."""
+    return t, (t.shape[0], kv_heads, t.shape[1] // kv_heads, *t.shape[2:])
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
                lang: str) -> tuple[Tensor, Tensor]:
     """O and the row logsumexp (kept for the backward)."""
-    _check("moagen::attention", q, k, v, lang)
-    out, lse = call(causal_name("attention_gqa_fwd", causal), "flash", lang,
-                    grouped(q, k.shape[1]), k, v, scale=scale, params=fitted(q, causal))
-    return out.view(q.shape), lse.view(q.shape[:-1])
+    return call(causal_name("attention_gqa_fwd", causal), "flash", lang, grouped(q, k.shape[1]),
+                k, v, scale=scale, params=fitted(q, causal), out_shapes=(q.shape, q.shape[:-1]))
 
 
 def _attention_fake(q, k, v, causal, scale, lang):
-    _check("moagen::attention", q, k, v, lang)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:-1])
 
 
 def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                         grad_out: Tensor, causal: bool, scale: float,
                         lang: str) -> tuple[Tensor, Tensor, Tensor]:
-    _check("moagen::attention_backward", q, k, v, lang)
     kv_heads = k.shape[1]
-    dq, dk, dv = call(causal_name("attention_gqa_bwd", causal), "flash", lang,
-                      grouped(q, kv_heads), k, v,
-                      *(grouped(t, kv_heads) for t in (out, grad_out, lse)), scale=scale,
-                      params=backward_params(q, causal))
-    return dq.view(q.shape), dk, dv
+    return call(causal_name("attention_gqa_bwd", causal), "flash", lang, grouped(q, kv_heads),
+                k, v, *(grouped(t, kv_heads) for t in (out, grad_out, lse)), scale=scale,
+                params=backward_params(q, causal), out_shapes=(q.shape,))
 
 
 def _attention_backward_fake(q, k, v, out, lse, grad_out, causal, scale, lang):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
-attention_backward_op = Operator("moagen::attention_backward", _attention_backward,
-                                 _attention_backward_fake)
+attention_backward_op = Operator(
+    "moagen::attention_backward", _attention_backward, _attention_backward_fake,
+    check=lambda q, k, v, out, lse, grad_out, causal, scale, lang: _check(
+        "moagen::attention_backward", q, k, v, lang))
 
 
 def _setup(ctx, inputs, output):
@@ -118,8 +113,10 @@ def _backward(ctx, grad_out, _grad_lse):
     return dq, dk, dv, None, None, None
 
 
-attention_op = Operator("moagen::attention", _attention, _attention_fake, backward=_backward,
-                        setup_context=_setup)
+attention_op = Operator("moagen::attention", _attention, _attention_fake,
+                        check=lambda q, k, v, causal, scale, lang: _check("moagen::attention",
+                                                                          q, k, v, lang),
+                        backward=_backward, setup_context=_setup)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,

@@ -16,8 +16,8 @@ from moagen.torch_ops.operator import Operator
 
 
 def _rows(x):
-    """x (..., d) as the kernels' (batch = 1, rows, d)."""
-    return x.reshape(1, -1, x.shape[-1])
+    """x (..., d) seen as the kernels' (batch = 1, rows, d)."""
+    return x, (1, x.numel() // x.shape[-1], x.shape[-1])
 
 
 def _check_rows(op, x):
@@ -37,21 +37,18 @@ def _check_norm(op, x, weight, eps, lang):
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float, lang: str) -> tuple[Tensor, Tensor]:
     """z and the per-row 1/rms."""
-    _check_norm("moagen::rms_norm", x, weight, eps, lang)
-    z, inv_rms = call("rmsnorm_fwd", "dnf", lang, _rows(x), weight, eps=eps)
-    return z.reshape(x.shape), inv_rms.reshape(x.shape[:-1])
+    return call("rmsnorm_fwd", "dnf", lang, _rows(x), weight, eps=eps,
+                out_shapes=(x.shape, x.shape[:-1]))
 
 
 def _rms_norm_fake(x, weight, eps, lang):
-    _check_norm("moagen::rms_norm", x, weight, eps, lang)
     return x.new_empty(x.shape), x.new_empty(x.shape[:-1])
 
 
 def _rms_norm_backward(x: Tensor, weight: Tensor, inv_rms: Tensor, grad_z: Tensor,
                        lang: str) -> tuple[Tensor, Tensor]:
-    dx, dweight = call("rmsnorm_bwd", "dnf", lang, _rows(x), weight,
-                       inv_rms.reshape(1, -1), _rows(grad_z))
-    return dx.reshape(x.shape), dweight
+    return call("rmsnorm_bwd", "dnf", lang, _rows(x), weight, (inv_rms, (1, inv_rms.numel())),
+                _rows(grad_z), out_shapes=(x.shape,))
 
 
 rms_norm_backward_op = Operator(
@@ -75,8 +72,9 @@ def _backward_norm(ctx, grad_z, _grad_inv_rms):
     return dx, dweight, None, None
 
 
-rms_norm_op = Operator("moagen::rms_norm", _rms_norm, _rms_norm_fake, backward=_backward_norm,
-                       setup_context=_setup_norm)
+rms_norm_op = Operator("moagen::rms_norm", _rms_norm, _rms_norm_fake,
+                       check=lambda *args: _check_norm("moagen::rms_norm", *args),
+                       backward=_backward_norm, setup_context=_setup_norm)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5, *, lang: str = "c") -> Tensor:
@@ -104,21 +102,18 @@ def _check_mlp(op, x, w_gate, w_up, w_down, lang):
 def _swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
                 lang: str) -> tuple[Tensor, Tensor]:
     """F and U = x w_gate."""
-    _check_mlp("moagen::swiglu_mlp", x, w_gate, w_up, w_down, lang)
-    f, u = call("mlp_fwd", "tiled", lang, _rows(x), w_gate, w_up, w_down)
-    return f.reshape(x.shape), u.reshape(*x.shape[:-1], -1)
+    return call("mlp_fwd", "tiled", lang, _rows(x), w_gate, w_up, w_down,
+                out_shapes=(x.shape, (*x.shape[:-1], w_gate.shape[1])))
 
 
 def _swiglu_mlp_fake(x, w_gate, w_up, w_down, lang):
-    _check_mlp("moagen::swiglu_mlp", x, w_gate, w_up, w_down, lang)
     return x.new_empty(x.shape), x.new_empty((*x.shape[:-1], w_gate.shape[1]))
 
 
 def _swiglu_mlp_backward(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, u: Tensor,
                          grad_f: Tensor, lang: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    dx, dw_gate, dw_up, dw_down = call("mlp_bwd", "tiled", lang, _rows(x), w_gate, w_up, w_down,
-                                       _rows(u), _rows(grad_f))
-    return dx.reshape(x.shape), dw_gate, dw_up, dw_down
+    return call("mlp_bwd", "tiled", lang, _rows(x), w_gate, w_up, w_down, _rows(u),
+                _rows(grad_f), out_shapes=(x.shape,))
 
 
 swiglu_mlp_backward_op = Operator(
@@ -142,6 +137,7 @@ def _backward_mlp(ctx, grad_f, _grad_u):
 
 
 swiglu_mlp_op = Operator("moagen::swiglu_mlp", _swiglu_mlp, _swiglu_mlp_fake,
+                         check=lambda *args: _check_mlp("moagen::swiglu_mlp", *args),
                          backward=_backward_mlp, setup_context=_setup_mlp)
 
 

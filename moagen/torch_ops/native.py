@@ -1,10 +1,14 @@
 """Calling moagen's kernels on torch tensors: the checks a PyTorch user expects (device,
-dtype, shapes, by the names of the torch-level arguments), then the kernel on numpy views
-of the tensors' memory (no copy of a contiguous tensor), its outputs handed back as
-tensors over the arrays the kernel wrote (no copy either).
+dtype, shapes, by the names of the torch-level arguments), then the kernel on the tensors'
+memory (no copy of a contiguous tensor). A C kernel takes the tensors' addresses and writes
+new tensors (KernelCallable.call_at); a Fortran kernel, whose f2py binding takes numpy
+arrays, takes numpy views of them, its outputs handed back as tensors over the arrays it
+wrote (no copy either). Both check the shapes against the kernel's signature; a model
+makes many small calls, and the first way costs a call a fraction of the second's Python.
 
 The checks run in the operators' fake implementations too, so that torch.compile reports
 a bad call while it traces, not later in native code."""
+import math
 from functools import lru_cache
 
 import torch
@@ -66,21 +70,75 @@ def kernel(name, variant, lang, dtype, params=()):
     return moagen.load(name, variant, lang=lang, dtype=dtype, params=dict(params) or None)
 
 
-def host_array(t):
-    """The numpy view of a CPU tensor's memory, made contiguous first (a copy only then)."""
-    return t.detach().contiguous().numpy()
+def _address(kernel_name, t, dtype):
+    """The address of a contiguous tensor's values, after what makes it mean what the
+    kernel reads: CPU memory, the kernel's dtype, aligned to it."""
+    if not t.is_cpu or t.dtype != dtype:
+        raise ValueError(f"{kernel_name}: expected a CPU tensor of {dtype}, got one of "
+                         f"{t.dtype} on {t.device}")
+    address = t.data_ptr()
+    if address % t.element_size():
+        raise ValueError(f"{kernel_name}: a tensor's data at {address:#x} is not aligned to "
+                         f"its dtype {t.dtype}; pass a copy (.clone())")
+    return address
 
 
-def call(name, variant, lang, *tensors, params=(), **scalars):
-    """The kernel on the tensors; its outputs as tensors sharing the arrays' memory (a tuple
-    when it has several). params: as kernel's."""
-    fn = kernel(name, variant, lang, DTYPES[tensors[0].dtype], tuple(sorted(params)))
-    result = fn(*(host_array(t) for t in tensors), **scalars)
+def _allocator(dtype, shapes=None):
+    """call_at's allocate: a new tensor per output, of its shape in shapes where given (None
+    or absent: the kernel's)."""
+    finals = iter(shapes or ())
+
+    def allocate(shape):
+        final = next(finals, None)
+        if final is not None:
+            if math.prod(final) != math.prod(shape):
+                raise ValueError(f"an output of shape {tuple(shape)} cannot be seen as {final}")
+            shape = final
+        t = torch.empty(shape, dtype=dtype)
+        return t, t.data_ptr()
+
+    return allocate
+
+
+_ALLOCATE = {dtype: _allocator(dtype) for dtype in DTYPES}
+
+
+def _seen(kernel_name, array):
+    """(tensor, shape) for an argument of call: a tensor as it is, or a pair as given after
+    checking that the shape holds as many values."""
+    if not isinstance(array, tuple):
+        return array, array.shape
+    t, shape = array
+    if math.prod(shape) != t.numel():
+        raise ValueError(f"{kernel_name}: a tensor of shape {tuple(t.shape)} cannot be seen as "
+                         f"{tuple(shape)}")
+    return t, shape
+
+
+def call(name, variant, lang, *arrays, params=(), out_shapes=None, **scalars):
+    """The kernel on the arrays: CPU tensors of one float dtype (the torch-level checks are
+    the caller's), or (tensor, shape) pairs, a tensor's values seen in order under another
+    shape (the kernel's, as a reshape would see them, without making one). Its outputs as
+    tensors (a tuple when it has several), each of its shape in out_shapes where given (None:
+    the kernel's). params: as kernel's."""
+    seen = [_seen(name, a) for a in arrays]
+    dtype = seen[0][0].dtype
+    fn = kernel(name, variant, lang, DTYPES[dtype], tuple(sorted(params)))
+    # the contiguous tensors are held until the kernel returns: a copy made here would
+    # otherwise be freed while the kernel reads it
+    held = [(t.contiguous(), shape) for t, shape in seen]
+    if fn.takes_addresses:
+        allocate = _ALLOCATE[dtype] if out_shapes is None else _allocator(dtype, out_shapes)
+        return fn.call_at([(_address(name, t, dtype), shape) for t, shape in held], allocate,
+                          **scalars)
+    result = fn(*(t.detach().numpy().reshape(shape) for t, shape in held), **scalars)
     if result is None:
         return None
-    if isinstance(result, tuple):
-        return tuple(torch.from_numpy(a) for a in result)
-    return torch.from_numpy(result)
+    outputs = result if isinstance(result, tuple) else (result,)
+    shapes = list(out_shapes or ()) + [None] * len(outputs)
+    tensors = tuple(torch.from_numpy(a if shape is None else a.reshape(shape))
+                    for a, shape in zip(outputs, shapes))
+    return tensors[0] if len(tensors) == 1 else tensors
 
 
 def causal_name(kernel: str, causal: bool) -> str:

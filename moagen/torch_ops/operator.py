@@ -1,6 +1,6 @@
 """An operator of moagen.torch, defined once and called two ways.
 
-    rms_norm_op = Operator("moagen::rms_norm", impl, fake,
+    rms_norm_op = Operator("moagen::rms_norm", impl, fake, check=check,
                            backward=backward, setup_context=setup_context)
     z, inv_rms = rms_norm_op(x, weight, eps, lang)
 
@@ -12,7 +12,12 @@ which an autograd.Function would not differentiate). A call in eager mode on pla
 runs the same impl, setup_context and backward through a torch.autograd.Function instead:
 the custom op's Python layers (dispatch, argument defaults, its own autograd wrapper) cost
 about 30 us a call, as much as a small kernel's work, and a model makes many small calls.
+
+`check(*args)`, where given, raises for arguments the operator refuses. The custom op runs
+it before impl and fake; the eager path does not, its caller (the public function, which
+names itself in the messages) has checked the same arguments already.
 """
+import functools
 import inspect
 
 import torch
@@ -22,18 +27,20 @@ PLAIN = (torch.Tensor, nn.Parameter)
 
 
 class Operator:
-    def __init__(self, name, impl, fake, *, mutates_args=(), backward=None,
+    def __init__(self, name, impl, fake, *, check=None, mutates_args=(), backward=None,
                  setup_context=None):
         """name: "moagen::..."; impl(*args) the operator (annotated: the schema is read off
-        it); fake(*args) empty outputs of its shapes; backward(ctx, *grads) and
-        setup_context(ctx, inputs, output) as torch.library.register_autograd takes them,
-        or neither for an operator without a gradient. mutates_args: impl's parameters it
-        writes in place (an operator without a gradient)."""
+        it); fake(*args) empty outputs of its shapes; check(*args): see above;
+        backward(ctx, *grads) and setup_context(ctx, inputs, output) as
+        torch.library.register_autograd takes them, or neither for an operator without a
+        gradient. mutates_args: impl's parameters it writes in place (an operator without a
+        gradient)."""
         if mutates_args and backward is not None:
             raise ValueError(f"{name}: an operator that writes its arguments has no gradient "
                              "here (its eager path would not mark them dirty)")
-        self.custom_op = torch.library.custom_op(name, impl, mutates_args=mutates_args)
-        self.custom_op.register_fake(fake)
+        self.custom_op = torch.library.custom_op(name, _checked(check, impl),
+                                                 mutates_args=mutates_args)
+        self.custom_op.register_fake(_checked(check, fake))
         self._impl = impl
         # the eager path bumps their version counters, as the custom op does, so that
         # autograd refuses a gradient through a value the call overwrote
@@ -53,6 +60,19 @@ class Operator:
                 torch.autograd.graph.increment_version([args[i] for i in self._mutated])
             return result
         return self._function.apply(*args)
+
+
+def _checked(check, fn):
+    """fn after check (fn's signature and annotations kept: the schema is read off them)."""
+    if check is None:
+        return fn
+
+    @functools.wraps(fn)
+    def checked(*args):
+        check(*args)
+        return fn(*args)
+
+    return checked
 
 
 def _plain(args):
