@@ -75,7 +75,11 @@ class KernelCallable:
         self._contiguous = "c_contiguous" if signature.layout == "row" else "f_contiguous"
         self._order = "C" if signature.layout == "row" else "F"
         self._inout = tuple(k for k, p in enumerate(self._inputs) if p.intent == "inout")
-        self._fits = {}  # (input shapes, given sizes) -> (sizes, shapes): see _fit
+        self._fits = {}  # (input shapes, given sizes) -> (sizes, shapes, scratch shapes): _fit
+        # whether call_at runs this kernel: a host kernel of row layout that writes none of
+        # its inputs, bound by addresses (C's cffi binding)
+        self.takes_addresses = (address_call is not None and device is None and not self._inout
+                                and signature.layout == "row")
 
     def __call__(self, *args, out=None, **kwargs):
         if kwargs or len(args) != len(self._params):
@@ -113,13 +117,6 @@ class KernelCallable:
         if on_device:
             outputs = [a.obj if isinstance(a, DeviceView) else a for a in outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
-
-    @property
-    def takes_addresses(self) -> bool:
-        """Whether call_at runs this kernel: a host kernel of row layout that writes none of
-        its inputs, bound by addresses (C's cffi binding)."""
-        return (self._address_call is not None and self.device is None and not self._inout
-                and self.signature.layout == "row")
 
     def call_at(self, inputs, allocate, **named):
         """The kernel on memory its caller holds and has checked, for arrays numpy does not
