@@ -256,3 +256,26 @@ def test_host_scratch_is_kept_per_thread_while_its_shape_holds(monkeypatch):
     kernel(np.ones(5))
     kernel(np.ones(5))
     assert stub.calls[4][2] is not stub.calls[5][2]
+
+
+def test_a_call_by_address_holds_the_scratch_it_does_not_keep(monkeypatch):
+    """Scratch over KEEP_HOST_SCRATCH is not kept between calls: a call by address, which
+    hands the kernel addresses only, must hold the arrays until the kernel returns."""
+    import moagen.bind.abi as abi
+    monkeypatch.setattr(abi, "KEEP_HOST_SCRATCH", 0)
+    made, seen = [], []
+    kernel = KernelCallable(_with_scratch(), Stub(),
+                            address_call=lambda *args: seen.append([r() for r in made]))
+    empty = kernel._empty
+    monkeypatch.setattr(kernel, "_empty", lambda *args: _remember(made, empty(*args)))
+    a = np.ones(4)
+    b = kernel.call_at([(a.ctypes.data, a.shape)], lambda shape: (np.empty(shape), 0))
+    (alive,) = seen
+    assert b.shape == (4,) and len(alive) == 1 and alive[0] is not None
+    assert alive[0].shape == (4, 4)
+
+
+def _remember(made, array):
+    import weakref
+    made.append(weakref.ref(array))
+    return array

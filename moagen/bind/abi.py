@@ -135,10 +135,13 @@ class KernelCallable:
                                                   args[n_inputs + n_scalars:])
         scalars = self._scalars(args[n_inputs:n_inputs + n_scalars], sizes)
         outputs = [allocate(shapes[p.name]) for p in self._outputs]
-        scratch = self._scratch(scratch_shapes, False)[1] if scratch_shapes else ()
+        # the scratch arrays are held here until the kernel returns: scratch over
+        # KEEP_HOST_SCRATCH is not kept, and its addresses alone would not hold it
+        held, scratch = self._scratch(scratch_shapes, False) if scratch_shapes else ((), ())
         self._address_call(*(address for address, _ in inputs),
                            *(address for _, address in outputs), *scratch,
                            *sizes.values(), *scalars)
+        del held
         return outputs[0][0] if len(outputs) == 1 else tuple(array for array, _ in outputs)
 
     def __repr__(self):
