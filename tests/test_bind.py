@@ -1,3 +1,5 @@
+import weakref
+
 import numpy as np
 import pytest
 import sympy
@@ -276,6 +278,5 @@ def test_a_call_by_address_holds_the_scratch_it_does_not_keep(monkeypatch):
 
 
 def _remember(made, array):
-    import weakref
     made.append(weakref.ref(array))
     return array
