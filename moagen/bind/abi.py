@@ -85,17 +85,11 @@ class KernelCallable:
         if kwargs or len(args) != len(self._params):
             args = self._bind(args, kwargs)
         n_inputs, n_scalars = len(self._inputs), len(self.signature.scalars)
-        inputs = args[:n_inputs]
         argument = self._argument
-        if self.device is None:
-            on_device = False
-            for param, array in zip(self._inputs, inputs):
-                self._check_host_array(param, array)
-        else:
-            inputs = [self._array(argument[p.name], p, a) for p, a in zip(self._inputs, inputs)]
-            on_device = self._same_side([(argument[p.name], a) for p, a in zip(self._inputs, inputs)])
-            for param, array in zip(self._inputs, inputs):
-                self._check_array(argument[param.name], param, array)
+        inputs = [self._array(argument[p.name], p, a) for p, a in zip(self._inputs, args[:n_inputs])]
+        on_device = self._same_side([(argument[p.name], a) for p, a in zip(self._inputs, inputs)])
+        for param, array in zip(self._inputs, inputs):
+            self._check_array(argument[param.name], param, array)
         for k in self._inout:
             self._check_writable(argument[self._inputs[k].name], inputs[k],
                                  [*inputs[:k], *inputs[k + 1:]])
@@ -220,17 +214,6 @@ class KernelCallable:
         if on_device or last[3] <= KEEP_HOST_SCRATCH:
             kept["scratch"] = last
         return last[1:3]
-
-    def _check_host_array(self, param, array):
-        """A host kernel's input: a numpy array of the kernel's rank, dtype and layout (the
-        common case in one test; anything else to the checks that say what is wrong)."""
-        if (isinstance(array, np.ndarray) and array.dtype == self._dtype
-                and array.ndim == len(param.shape)):
-            flags = array.flags
-            if getattr(flags, self._contiguous) and flags.aligned:
-                return
-        what = self._argument[param.name]
-        self._check_array(what, param, self._array(what, param, array))
 
     def _check_array(self, what, param, array):
         """Rank, dtype, layout: what makes the raw pointer mean what the kernel thinks."""

@@ -4,7 +4,8 @@ memory (no copy of a contiguous tensor). A C kernel takes the tensors' addresses
 new tensors (KernelCallable.call_at); a Fortran kernel, whose f2py binding takes numpy
 arrays, takes numpy views of them, its outputs handed back as tensors over the arrays it
 wrote (no copy either). Both check the shapes against the kernel's signature; a model
-makes many small calls, and the first way costs a call a fraction of the second's Python.
+makes many small calls, and the first way costs each less Python (docs/PERFORMANCE.md, "A
+call's Python inside the model's step").
 
 The checks run in the operators' fake implementations too, so that torch.compile reports
 a bad call while it traces, not later in native code."""
