@@ -10,7 +10,6 @@
  * stage mlp: mlp_bwd tiled
  * WdT[c, e] = (<e c> psi Wd)
  * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
  * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * (<b i e> psi U) * sigmoid((<b i e> psi U)) * (1.0 - sigmoid((<b i e> psi U))) + (<b i e> psi dH) * (<b i e> psi V) * sigmoid((<b i e> psi U))
  * dV[b, i, e] = (<b i e> psi dH) * (<b i e> psi U) * sigmoid((<b i e> psi U))
  * H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
@@ -118,6 +117,7 @@ void block_bwd_composed_f64(
     const double *restrict resid,
     const double *restrict inv_rms2,
     const double *restrict U,
+    const double *restrict Vu,
     const double *restrict dy,
     double *restrict dx,
     double *restrict dnorm1,
@@ -142,7 +142,6 @@ void block_bwd_composed_f64(
     double *restrict dx_norm1,
     double *restrict mlp_WdT,
     double *restrict mlp_dH,
-    double *restrict mlp_V,
     double *restrict mlp_dU,
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
@@ -151,7 +150,6 @@ void block_bwd_composed_f64(
     double *restrict mlp_H,
     double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
-    double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
     double *restrict mlp_WuT_panel,
     double *restrict mlp_dU_panel,
@@ -405,217 +403,23 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
-     * for e_tile (parallel) / c / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
-    /* mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
-     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
-                    #pragma omp simd if(simd: 0)
-                    for (int64_t c = 0; c < dm; ++c) {
-                        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                        acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                        acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                        acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                        acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                        acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                        acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                        acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                        acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                    }
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-                }
-            }
-        }
-    }
-    /* mlp.V.edge: reads Wu; scratch mlp_V, xn2
-     * for b, i (parallel) / e / c (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double xu = 0.0;
-                #pragma omp simd reduction(+:xu)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
-                }
-                mlp_V[dff*(b*n + i) + e] = xu;
-            }
-        }
-    }
-    /* mlp.dU_dV_H: reads U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH, mlp_V
+    /* mlp.dU_dV_H: reads Vu, U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH
      * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             const int64_t mlp_dH_row = dff*(b*n + i);
-            const int64_t mlp_V_row = dff*(b*n + i);
+            const int64_t Vu_row = dff*(b*n + i);
             const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
-                const double t2 = mlp_dH[mlp_dH_row + e] * mlp_V[mlp_V_row + e];
+                const double t2 = mlp_dH[mlp_dH_row + e] * Vu[Vu_row + e];
                 const double t3 = 1.0 / (1.0 + exp(-U[U_row + e]));
                 mlp_dU[dff*(b*n + i) + e] = t2 * U[U_row + e] * t3 * (1.0 - t3) + t2 * t3;
                 const double t = U[U_row + e] * t3;
                 mlp_dV[dff*(b*n + i) + e] = mlp_dH[mlp_dH_row + e] * t;
-                mlp_H[dff*(b*n + i) + e] = t * mlp_V[mlp_V_row + e];
+                mlp_H[dff*(b*n + i) + e] = t * Vu[Vu_row + e];
             }
         }
     }
@@ -5060,6 +4864,7 @@ void block_bwd_composed_f32(
     const float *restrict resid,
     const float *restrict inv_rms2,
     const float *restrict U,
+    const float *restrict Vu,
     const float *restrict dy,
     float *restrict dx,
     float *restrict dnorm1,
@@ -5084,7 +4889,6 @@ void block_bwd_composed_f32(
     float *restrict dx_norm1,
     float *restrict mlp_WdT,
     float *restrict mlp_dH,
-    float *restrict mlp_V,
     float *restrict mlp_dU,
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
@@ -5093,7 +4897,6 @@ void block_bwd_composed_f32(
     float *restrict mlp_H,
     float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
-    float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
     float *restrict mlp_WuT_panel,
     float *restrict mlp_dU_panel,
@@ -5491,361 +5294,23 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
-     * for e_tile (parallel) / c / lane (simd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 16); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            const int64_t mlp_Wu_panel_row = 16*c + 16*dm*e_tile;
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 16; ++lane) {
-                mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 16*e_tile + lane];
-            }
-        }
-    }
-    /* mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
-     * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t e_tile = 0; e_tile < ((dff) / 16); ++e_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-                    const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-                    const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-                    const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-                    const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-                    const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_0_8 = 0.0f;
-                    float acc_0_9 = 0.0f;
-                    float acc_0_10 = 0.0f;
-                    float acc_0_11 = 0.0f;
-                    float acc_0_12 = 0.0f;
-                    float acc_0_13 = 0.0f;
-                    float acc_0_14 = 0.0f;
-                    float acc_0_15 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_1_8 = 0.0f;
-                    float acc_1_9 = 0.0f;
-                    float acc_1_10 = 0.0f;
-                    float acc_1_11 = 0.0f;
-                    float acc_1_12 = 0.0f;
-                    float acc_1_13 = 0.0f;
-                    float acc_1_14 = 0.0f;
-                    float acc_1_15 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_2_8 = 0.0f;
-                    float acc_2_9 = 0.0f;
-                    float acc_2_10 = 0.0f;
-                    float acc_2_11 = 0.0f;
-                    float acc_2_12 = 0.0f;
-                    float acc_2_13 = 0.0f;
-                    float acc_2_14 = 0.0f;
-                    float acc_2_15 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_3_8 = 0.0f;
-                    float acc_3_9 = 0.0f;
-                    float acc_3_10 = 0.0f;
-                    float acc_3_11 = 0.0f;
-                    float acc_3_12 = 0.0f;
-                    float acc_3_13 = 0.0f;
-                    float acc_3_14 = 0.0f;
-                    float acc_3_15 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_4_8 = 0.0f;
-                    float acc_4_9 = 0.0f;
-                    float acc_4_10 = 0.0f;
-                    float acc_4_11 = 0.0f;
-                    float acc_4_12 = 0.0f;
-                    float acc_4_13 = 0.0f;
-                    float acc_4_14 = 0.0f;
-                    float acc_4_15 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    float acc_5_8 = 0.0f;
-                    float acc_5_9 = 0.0f;
-                    float acc_5_10 = 0.0f;
-                    float acc_5_11 = 0.0f;
-                    float acc_5_12 = 0.0f;
-                    float acc_5_13 = 0.0f;
-                    float acc_5_14 = 0.0f;
-                    float acc_5_15 = 0.0f;
-                    #pragma omp simd if(simd: 0)
-                    for (int64_t c = 0; c < dm; ++c) {
-                        acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile];
-                        acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 1];
-                        acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 2];
-                        acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 3];
-                        acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 4];
-                        acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 5];
-                        acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 6];
-                        acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 7];
-                        acc_0_8 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 8];
-                        acc_0_9 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 9];
-                        acc_0_10 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 10];
-                        acc_0_11 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 11];
-                        acc_0_12 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 12];
-                        acc_0_13 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 13];
-                        acc_0_14 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 14];
-                        acc_0_15 += xn2[xn2_row0 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 15];
-                        acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile];
-                        acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 1];
-                        acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 2];
-                        acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 3];
-                        acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 4];
-                        acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 5];
-                        acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 6];
-                        acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 7];
-                        acc_1_8 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 8];
-                        acc_1_9 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 9];
-                        acc_1_10 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 10];
-                        acc_1_11 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 11];
-                        acc_1_12 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 12];
-                        acc_1_13 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 13];
-                        acc_1_14 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 14];
-                        acc_1_15 += xn2[xn2_row1 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 15];
-                        acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile];
-                        acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 1];
-                        acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 2];
-                        acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 3];
-                        acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 4];
-                        acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 5];
-                        acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 6];
-                        acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 7];
-                        acc_2_8 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 8];
-                        acc_2_9 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 9];
-                        acc_2_10 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 10];
-                        acc_2_11 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 11];
-                        acc_2_12 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 12];
-                        acc_2_13 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 13];
-                        acc_2_14 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 14];
-                        acc_2_15 += xn2[xn2_row2 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 15];
-                        acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile];
-                        acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 1];
-                        acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 2];
-                        acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 3];
-                        acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 4];
-                        acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 5];
-                        acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 6];
-                        acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 7];
-                        acc_3_8 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 8];
-                        acc_3_9 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 9];
-                        acc_3_10 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 10];
-                        acc_3_11 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 11];
-                        acc_3_12 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 12];
-                        acc_3_13 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 13];
-                        acc_3_14 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 14];
-                        acc_3_15 += xn2[xn2_row3 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 15];
-                        acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile];
-                        acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 1];
-                        acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 2];
-                        acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 3];
-                        acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 4];
-                        acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 5];
-                        acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 6];
-                        acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 7];
-                        acc_4_8 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 8];
-                        acc_4_9 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 9];
-                        acc_4_10 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 10];
-                        acc_4_11 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 11];
-                        acc_4_12 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 12];
-                        acc_4_13 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 13];
-                        acc_4_14 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 14];
-                        acc_4_15 += xn2[xn2_row4 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 15];
-                        acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile];
-                        acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 1];
-                        acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 2];
-                        acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 3];
-                        acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 4];
-                        acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 5];
-                        acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 6];
-                        acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 7];
-                        acc_5_8 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 8];
-                        acc_5_9 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 9];
-                        acc_5_10 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 10];
-                        acc_5_11 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 11];
-                        acc_5_12 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 12];
-                        acc_5_13 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 13];
-                        acc_5_14 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 14];
-                        acc_5_15 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 15];
-                    }
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile] = acc_0_0;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 1] = acc_0_1;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 2] = acc_0_2;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 3] = acc_0_3;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 4] = acc_0_4;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 5] = acc_0_5;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 6] = acc_0_6;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 7] = acc_0_7;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 8] = acc_0_8;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 9] = acc_0_9;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 10] = acc_0_10;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 11] = acc_0_11;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 12] = acc_0_12;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 13] = acc_0_13;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 14] = acc_0_14;
-                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 15] = acc_0_15;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile] = acc_1_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 1] = acc_1_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 2] = acc_1_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 3] = acc_1_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 4] = acc_1_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 5] = acc_1_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 6] = acc_1_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 7] = acc_1_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 8] = acc_1_8;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 9] = acc_1_9;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 10] = acc_1_10;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 11] = acc_1_11;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 12] = acc_1_12;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 13] = acc_1_13;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 14] = acc_1_14;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 15] = acc_1_15;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile] = acc_2_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 1] = acc_2_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 2] = acc_2_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 3] = acc_2_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 4] = acc_2_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 5] = acc_2_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 6] = acc_2_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 7] = acc_2_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 8] = acc_2_8;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 9] = acc_2_9;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 10] = acc_2_10;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 11] = acc_2_11;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 12] = acc_2_12;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 13] = acc_2_13;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 14] = acc_2_14;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 15] = acc_2_15;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile] = acc_3_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 1] = acc_3_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 2] = acc_3_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 3] = acc_3_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 4] = acc_3_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 5] = acc_3_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 6] = acc_3_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 7] = acc_3_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 8] = acc_3_8;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 9] = acc_3_9;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 10] = acc_3_10;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 11] = acc_3_11;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 12] = acc_3_12;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 13] = acc_3_13;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 14] = acc_3_14;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 15] = acc_3_15;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile] = acc_4_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 1] = acc_4_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 2] = acc_4_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 3] = acc_4_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 4] = acc_4_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 5] = acc_4_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 6] = acc_4_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 7] = acc_4_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 8] = acc_4_8;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 9] = acc_4_9;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 10] = acc_4_10;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 11] = acc_4_11;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 12] = acc_4_12;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 13] = acc_4_13;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 14] = acc_4_14;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 15] = acc_4_15;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile] = acc_5_0;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 1] = acc_5_1;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 2] = acc_5_2;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 3] = acc_5_3;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 4] = acc_5_4;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 5] = acc_5_5;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 6] = acc_5_6;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 7] = acc_5_7;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 8] = acc_5_8;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 9] = acc_5_9;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 10] = acc_5_10;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 11] = acc_5_11;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 12] = acc_5_12;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 13] = acc_5_13;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 14] = acc_5_14;
-                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 15] = acc_5_15;
-                }
-            }
-        }
-    }
-    /* mlp.V.edge: reads Wu; scratch mlp_V, xn2
-     * for b, i (parallel) / e / c (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 16*((dff) / 16); e < dff; ++e) {
-                float xu = 0.0f;
-                #pragma omp simd reduction(+:xu)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
-                }
-                mlp_V[dff*(b*n + i) + e] = xu;
-            }
-        }
-    }
-    /* mlp.dU_dV_H: reads U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH, mlp_V
+    /* mlp.dU_dV_H: reads Vu, U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH
      * for b, i (parallel) / e (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             const int64_t mlp_dH_row = dff*(b*n + i);
-            const int64_t mlp_V_row = dff*(b*n + i);
+            const int64_t Vu_row = dff*(b*n + i);
             const int64_t U_row = dff*(b*n + i);
             #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
-                const float t2 = mlp_dH[mlp_dH_row + e] * mlp_V[mlp_V_row + e];
+                const float t2 = mlp_dH[mlp_dH_row + e] * Vu[Vu_row + e];
                 const float t3 = 1.0f / (1.0f + expf(-U[U_row + e]));
                 mlp_dU[dff*(b*n + i) + e] = t2 * U[U_row + e] * t3 * (1.0f - t3) + t2 * t3;
                 const float t = U[U_row + e] * t3;
                 mlp_dV[dff*(b*n + i) + e] = mlp_dH[mlp_dH_row + e] * t;
-                mlp_H[dff*(b*n + i) + e] = t * mlp_V[mlp_V_row + e];
+                mlp_H[dff*(b*n + i) + e] = t * Vu[Vu_row + e];
             }
         }
     }

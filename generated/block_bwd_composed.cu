@@ -10,7 +10,6 @@
  * stage mlp: mlp_bwd tiled
  * WdT[c, e] = (<e c> psi Wd)
  * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
- * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
  * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * (<b i e> psi U) * sigmoid((<b i e> psi U)) * (1.0 - sigmoid((<b i e> psi U))) + (<b i e> psi dH) * (<b i e> psi V) * sigmoid((<b i e> psi U))
  * dV[b, i, e] = (<b i e> psi dH) * (<b i e> psi U) * sigmoid((<b i e> psi U))
  * H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
@@ -119,6 +118,7 @@ __global__ void block_bwd_composed_f64_norm2_recompute_z(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -143,7 +143,6 @@ __global__ void block_bwd_composed_f64_norm2_recompute_z(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -152,7 +151,6 @@ __global__ void block_bwd_composed_f64_norm2_recompute_z(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -222,6 +220,7 @@ __global__ void block_bwd_composed_f64_mlp_WdT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -246,7 +245,6 @@ __global__ void block_bwd_composed_f64_mlp_WdT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -255,7 +253,6 @@ __global__ void block_bwd_composed_f64_mlp_WdT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -323,6 +320,7 @@ __global__ void block_bwd_composed_f64_mlp_dH_pack_WdT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -347,7 +345,6 @@ __global__ void block_bwd_composed_f64_mlp_dH_pack_WdT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -356,7 +353,6 @@ __global__ void block_bwd_composed_f64_mlp_dH_pack_WdT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -427,6 +423,7 @@ __global__ void block_bwd_composed_f64_mlp_dH(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -451,7 +448,6 @@ __global__ void block_bwd_composed_f64_mlp_dH(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -460,7 +456,6 @@ __global__ void block_bwd_composed_f64_mlp_dH(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -682,6 +677,7 @@ __global__ void block_bwd_composed_f64_mlp_dH_edge(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -706,7 +702,6 @@ __global__ void block_bwd_composed_f64_mlp_dH_edge(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -715,7 +710,6 @@ __global__ void block_bwd_composed_f64_mlp_dH_edge(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -765,472 +759,7 @@ __global__ void block_bwd_composed_f64_mlp_dH_edge(
     }
 }
 
-/* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
- * for e_tile (parallel) / c / lane (simd)
- */
-__global__ void block_bwd_composed_f64_mlp_V_pack_Wu(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ inv_rms1,
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ attn,
-    const double *__restrict__ lse,
-    const double *__restrict__ resid,
-    const double *__restrict__ inv_rms2,
-    const double *__restrict__ U,
-    const double *__restrict__ dy,
-    double *__restrict__ dx,
-    double *__restrict__ dnorm1,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ dWo,
-    double *__restrict__ dnorm2,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ xn2,
-    double *__restrict__ dxn2,
-    double *__restrict__ dresid_norm2,
-    double *__restrict__ dresid,
-    double *__restrict__ dattn,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
-    double *__restrict__ xn1,
-    double *__restrict__ dxn1,
-    double *__restrict__ dx_norm1,
-    double *__restrict__ mlp_WdT,
-    double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
-    double *__restrict__ mlp_dU,
-    double *__restrict__ mlp_WgT,
-    double *__restrict__ mlp_dV,
-    double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_XT,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_HT,
-    double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_WgT_panel,
-    double *__restrict__ mlp_WuT_panel,
-    double *__restrict__ mlp_dU_panel,
-    double *__restrict__ mlp_dV_panel,
-    double *__restrict__ mlp_dF_panel,
-    double *__restrict__ norm2_dweight_part,
-    double *__restrict__ out_WoT,
-    double *__restrict__ out_WoT_panel,
-    double *__restrict__ out_dY_panel,
-    double *__restrict__ attn_delta,
-    double *__restrict__ attn_qk_block,
-    double *__restrict__ attn_dov_block,
-    double *__restrict__ attn_t_block,
-    double *__restrict__ attn_qk_block2,
-    double *__restrict__ attn_dov_block2,
-    double *__restrict__ attn_t2_block,
-    double *__restrict__ attn_t3_block,
-    double *__restrict__ qkv_WqT,
-    double *__restrict__ qkv_WkT,
-    double *__restrict__ qkv_WvT,
-    double *__restrict__ qkv_WqT_panel,
-    double *__restrict__ qkv_WkT_panel,
-    double *__restrict__ qkv_WvT_panel,
-    double *__restrict__ qkv_dQ_panel,
-    double *__restrict__ qkv_dK_panel,
-    double *__restrict__ qkv_dV_panel,
-    double *__restrict__ norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
-    const int64_t e_tile = tid;
-    for (int64_t c = 0; c < dm; ++c) {
-        const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
-        }
-    }
-}
-
-/* mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
- * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
- */
-__global__ void block_bwd_composed_f64_mlp_V(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ inv_rms1,
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ attn,
-    const double *__restrict__ lse,
-    const double *__restrict__ resid,
-    const double *__restrict__ inv_rms2,
-    const double *__restrict__ U,
-    const double *__restrict__ dy,
-    double *__restrict__ dx,
-    double *__restrict__ dnorm1,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ dWo,
-    double *__restrict__ dnorm2,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ xn2,
-    double *__restrict__ dxn2,
-    double *__restrict__ dresid_norm2,
-    double *__restrict__ dresid,
-    double *__restrict__ dattn,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
-    double *__restrict__ xn1,
-    double *__restrict__ dxn1,
-    double *__restrict__ dx_norm1,
-    double *__restrict__ mlp_WdT,
-    double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
-    double *__restrict__ mlp_dU,
-    double *__restrict__ mlp_WgT,
-    double *__restrict__ mlp_dV,
-    double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_XT,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_HT,
-    double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_WgT_panel,
-    double *__restrict__ mlp_WuT_panel,
-    double *__restrict__ mlp_dU_panel,
-    double *__restrict__ mlp_dV_panel,
-    double *__restrict__ mlp_dF_panel,
-    double *__restrict__ norm2_dweight_part,
-    double *__restrict__ out_WoT,
-    double *__restrict__ out_WoT_panel,
-    double *__restrict__ out_dY_panel,
-    double *__restrict__ attn_delta,
-    double *__restrict__ attn_qk_block,
-    double *__restrict__ attn_dov_block,
-    double *__restrict__ attn_t_block,
-    double *__restrict__ attn_qk_block2,
-    double *__restrict__ attn_dov_block2,
-    double *__restrict__ attn_t2_block,
-    double *__restrict__ attn_t3_block,
-    double *__restrict__ qkv_WqT,
-    double *__restrict__ qkv_WkT,
-    double *__restrict__ qkv_WvT,
-    double *__restrict__ qkv_WqT_panel,
-    double *__restrict__ qkv_WkT_panel,
-    double *__restrict__ qkv_WvT_panel,
-    double *__restrict__ qkv_dQ_panel,
-    double *__restrict__ qkv_dK_panel,
-    double *__restrict__ qkv_dV_panel,
-    double *__restrict__ norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-            }
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-        }
-    }
-}
-
-/* mlp.V.edge: reads Wu; scratch mlp_V, xn2
- * for b, i (parallel) / e / c (simd)
- */
-__global__ void block_bwd_composed_f64_mlp_V_edge(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ inv_rms1,
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ attn,
-    const double *__restrict__ lse,
-    const double *__restrict__ resid,
-    const double *__restrict__ inv_rms2,
-    const double *__restrict__ U,
-    const double *__restrict__ dy,
-    double *__restrict__ dx,
-    double *__restrict__ dnorm1,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ dWo,
-    double *__restrict__ dnorm2,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ xn2,
-    double *__restrict__ dxn2,
-    double *__restrict__ dresid_norm2,
-    double *__restrict__ dresid,
-    double *__restrict__ dattn,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
-    double *__restrict__ xn1,
-    double *__restrict__ dxn1,
-    double *__restrict__ dx_norm1,
-    double *__restrict__ mlp_WdT,
-    double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
-    double *__restrict__ mlp_dU,
-    double *__restrict__ mlp_WgT,
-    double *__restrict__ mlp_dV,
-    double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_XT,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_HT,
-    double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_WgT_panel,
-    double *__restrict__ mlp_WuT_panel,
-    double *__restrict__ mlp_dU_panel,
-    double *__restrict__ mlp_dV_panel,
-    double *__restrict__ mlp_dF_panel,
-    double *__restrict__ norm2_dweight_part,
-    double *__restrict__ out_WoT,
-    double *__restrict__ out_WoT_panel,
-    double *__restrict__ out_dY_panel,
-    double *__restrict__ attn_delta,
-    double *__restrict__ attn_qk_block,
-    double *__restrict__ attn_dov_block,
-    double *__restrict__ attn_t_block,
-    double *__restrict__ attn_qk_block2,
-    double *__restrict__ attn_dov_block2,
-    double *__restrict__ attn_t2_block,
-    double *__restrict__ attn_t3_block,
-    double *__restrict__ qkv_WqT,
-    double *__restrict__ qkv_WkT,
-    double *__restrict__ qkv_WvT,
-    double *__restrict__ qkv_WqT_panel,
-    double *__restrict__ qkv_WkT_panel,
-    double *__restrict__ qkv_WvT_panel,
-    double *__restrict__ qkv_dQ_panel,
-    double *__restrict__ qkv_dK_panel,
-    double *__restrict__ qkv_dV_panel,
-    double *__restrict__ norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-        double xu = 0.0;
-        for (int64_t c = 0; c < dm; ++c) {
-            xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
-        }
-        mlp_V[dff*(b*n + i) + e] = xu;
-    }
-}
-
-/* mlp.dU_dV_H: reads U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH, mlp_V
+/* mlp.dU_dV_H: reads Vu, U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH
  * for b, i (parallel) / e (simd)
  */
 __global__ void block_bwd_composed_f64_mlp_dU_dV_H(
@@ -1253,6 +782,7 @@ __global__ void block_bwd_composed_f64_mlp_dU_dV_H(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -1277,7 +807,6 @@ __global__ void block_bwd_composed_f64_mlp_dU_dV_H(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -1286,7 +815,6 @@ __global__ void block_bwd_composed_f64_mlp_dU_dV_H(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -1328,15 +856,15 @@ __global__ void block_bwd_composed_f64_mlp_dU_dV_H(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     const int64_t mlp_dH_row = dff*(b*n + i);
-    const int64_t mlp_V_row = dff*(b*n + i);
+    const int64_t Vu_row = dff*(b*n + i);
     const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        const double t2 = mlp_dH[mlp_dH_row + e] * mlp_V[mlp_V_row + e];
+        const double t2 = mlp_dH[mlp_dH_row + e] * Vu[Vu_row + e];
         const double t3 = 1.0 / (1.0 + exp(-U[U_row + e]));
         mlp_dU[dff*(b*n + i) + e] = t2 * U[U_row + e] * t3 * (1.0 - t3) + t2 * t3;
         const double t = U[U_row + e] * t3;
         mlp_dV[dff*(b*n + i) + e] = mlp_dH[mlp_dH_row + e] * t;
-        mlp_H[dff*(b*n + i) + e] = t * mlp_V[mlp_V_row + e];
+        mlp_H[dff*(b*n + i) + e] = t * Vu[Vu_row + e];
     }
 }
 
@@ -1363,6 +891,7 @@ __global__ void block_bwd_composed_f64_mlp_WgT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -1387,7 +916,6 @@ __global__ void block_bwd_composed_f64_mlp_WgT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -1396,7 +924,6 @@ __global__ void block_bwd_composed_f64_mlp_WgT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -1464,6 +991,7 @@ __global__ void block_bwd_composed_f64_mlp_WuT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -1488,7 +1016,6 @@ __global__ void block_bwd_composed_f64_mlp_WuT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -1497,7 +1024,6 @@ __global__ void block_bwd_composed_f64_mlp_WuT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -1565,6 +1091,7 @@ __global__ void block_bwd_composed_f64_mlp_dX_pack_WgT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -1589,7 +1116,6 @@ __global__ void block_bwd_composed_f64_mlp_dX_pack_WgT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -1598,7 +1124,6 @@ __global__ void block_bwd_composed_f64_mlp_dX_pack_WgT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -1669,6 +1194,7 @@ __global__ void block_bwd_composed_f64_mlp_dX_pack_WuT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -1693,7 +1219,6 @@ __global__ void block_bwd_composed_f64_mlp_dX_pack_WuT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -1702,7 +1227,6 @@ __global__ void block_bwd_composed_f64_mlp_dX_pack_WuT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -1773,6 +1297,7 @@ __global__ void block_bwd_composed_f64_mlp_dX(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -1797,7 +1322,6 @@ __global__ void block_bwd_composed_f64_mlp_dX(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -1806,7 +1330,6 @@ __global__ void block_bwd_composed_f64_mlp_dX(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -2084,6 +1607,7 @@ __global__ void block_bwd_composed_f64_mlp_dX_edge(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -2108,7 +1632,6 @@ __global__ void block_bwd_composed_f64_mlp_dX_edge(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -2117,7 +1640,6 @@ __global__ void block_bwd_composed_f64_mlp_dX_edge(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -2190,6 +1712,7 @@ __global__ void block_bwd_composed_f64_mlp_XT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -2214,7 +1737,6 @@ __global__ void block_bwd_composed_f64_mlp_XT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -2223,7 +1745,6 @@ __global__ void block_bwd_composed_f64_mlp_XT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -2292,6 +1813,7 @@ __global__ void block_bwd_composed_f64_mlp_dWg_pack_dU(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -2316,7 +1838,6 @@ __global__ void block_bwd_composed_f64_mlp_dWg_pack_dU(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -2325,7 +1846,6 @@ __global__ void block_bwd_composed_f64_mlp_dWg_pack_dU(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -2399,6 +1919,7 @@ __global__ void block_bwd_composed_f64_mlp_dWg(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -2423,7 +1944,6 @@ __global__ void block_bwd_composed_f64_mlp_dWg(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -2432,7 +1952,6 @@ __global__ void block_bwd_composed_f64_mlp_dWg(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -2653,6 +2172,7 @@ __global__ void block_bwd_composed_f64_mlp_dWg_edge(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -2677,7 +2197,6 @@ __global__ void block_bwd_composed_f64_mlp_dWg_edge(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -2686,7 +2205,6 @@ __global__ void block_bwd_composed_f64_mlp_dWg_edge(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -2762,6 +2280,7 @@ __global__ void block_bwd_composed_f64_mlp_dWu_pack_dV(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -2786,7 +2305,6 @@ __global__ void block_bwd_composed_f64_mlp_dWu_pack_dV(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -2795,7 +2313,6 @@ __global__ void block_bwd_composed_f64_mlp_dWu_pack_dV(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -2869,6 +2386,7 @@ __global__ void block_bwd_composed_f64_mlp_dWu(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -2893,7 +2411,6 @@ __global__ void block_bwd_composed_f64_mlp_dWu(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -2902,7 +2419,6 @@ __global__ void block_bwd_composed_f64_mlp_dWu(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -3123,6 +2639,7 @@ __global__ void block_bwd_composed_f64_mlp_dWu_edge(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -3147,7 +2664,6 @@ __global__ void block_bwd_composed_f64_mlp_dWu_edge(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -3156,7 +2672,6 @@ __global__ void block_bwd_composed_f64_mlp_dWu_edge(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -3232,6 +2747,7 @@ __global__ void block_bwd_composed_f64_mlp_HT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -3256,7 +2772,6 @@ __global__ void block_bwd_composed_f64_mlp_HT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -3265,7 +2780,6 @@ __global__ void block_bwd_composed_f64_mlp_HT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -3334,6 +2848,7 @@ __global__ void block_bwd_composed_f64_mlp_dWd_pack_dF(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -3358,7 +2873,6 @@ __global__ void block_bwd_composed_f64_mlp_dWd_pack_dF(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -3367,7 +2881,6 @@ __global__ void block_bwd_composed_f64_mlp_dWd_pack_dF(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -3441,6 +2954,7 @@ __global__ void block_bwd_composed_f64_mlp_dWd(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -3465,7 +2979,6 @@ __global__ void block_bwd_composed_f64_mlp_dWd(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -3474,7 +2987,6 @@ __global__ void block_bwd_composed_f64_mlp_dWd(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -3695,6 +3207,7 @@ __global__ void block_bwd_composed_f64_mlp_dWd_edge(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -3719,7 +3232,6 @@ __global__ void block_bwd_composed_f64_mlp_dWd_edge(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -3728,7 +3240,6 @@ __global__ void block_bwd_composed_f64_mlp_dWd_edge(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -3804,6 +3315,7 @@ __global__ void block_bwd_composed_f64_norm2_dweight_partial(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -3828,7 +3340,6 @@ __global__ void block_bwd_composed_f64_norm2_dweight_partial(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -3837,7 +3348,6 @@ __global__ void block_bwd_composed_f64_norm2_dweight_partial(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -3920,6 +3430,7 @@ __global__ void block_bwd_composed_f64_norm2_dweight(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -3944,7 +3455,6 @@ __global__ void block_bwd_composed_f64_norm2_dweight(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -3953,7 +3463,6 @@ __global__ void block_bwd_composed_f64_norm2_dweight(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -4024,6 +3533,7 @@ __global__ void block_bwd_composed_f64_sum_resid_y(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -4048,7 +3558,6 @@ __global__ void block_bwd_composed_f64_sum_resid_y(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -4057,7 +3566,6 @@ __global__ void block_bwd_composed_f64_sum_resid_y(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -4126,6 +3634,7 @@ __global__ void block_bwd_composed_f64_out_WoT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -4150,7 +3659,6 @@ __global__ void block_bwd_composed_f64_out_WoT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -4159,7 +3667,6 @@ __global__ void block_bwd_composed_f64_out_WoT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -4229,6 +3736,7 @@ __global__ void block_bwd_composed_f64_out_dO_pack_WoT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -4253,7 +3761,6 @@ __global__ void block_bwd_composed_f64_out_dO_pack_WoT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -4262,7 +3769,6 @@ __global__ void block_bwd_composed_f64_out_dO_pack_WoT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -4336,6 +3842,7 @@ __global__ void block_bwd_composed_f64_out_dO(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -4360,7 +3867,6 @@ __global__ void block_bwd_composed_f64_out_dO(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -4369,7 +3875,6 @@ __global__ void block_bwd_composed_f64_out_dO(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -4590,6 +4095,7 @@ __global__ void block_bwd_composed_f64_out_dO_edge(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -4614,7 +4120,6 @@ __global__ void block_bwd_composed_f64_out_dO_edge(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -4623,7 +4128,6 @@ __global__ void block_bwd_composed_f64_out_dO_edge(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -4698,6 +4202,7 @@ __global__ void block_bwd_composed_f64_out_dWo_pack_dY(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -4722,7 +4227,6 @@ __global__ void block_bwd_composed_f64_out_dWo_pack_dY(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -4731,7 +4235,6 @@ __global__ void block_bwd_composed_f64_out_dWo_pack_dY(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -4805,6 +4308,7 @@ __global__ void block_bwd_composed_f64_out_dWo(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -4829,7 +4333,6 @@ __global__ void block_bwd_composed_f64_out_dWo(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -4838,7 +4341,6 @@ __global__ void block_bwd_composed_f64_out_dWo(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -5054,6 +4556,7 @@ __global__ void block_bwd_composed_f64_out_dWo_edge(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -5078,7 +4581,6 @@ __global__ void block_bwd_composed_f64_out_dWo_edge(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -5087,7 +4589,6 @@ __global__ void block_bwd_composed_f64_out_dWo_edge(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -5164,6 +4665,7 @@ __global__ void block_bwd_composed_f64_attn_delta(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -5188,7 +4690,6 @@ __global__ void block_bwd_composed_f64_attn_delta(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -5197,7 +4698,6 @@ __global__ void block_bwd_composed_f64_attn_delta(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -5271,6 +4771,7 @@ __global__ void block_bwd_composed_f64_attn_dQ(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -5295,7 +4796,6 @@ __global__ void block_bwd_composed_f64_attn_dQ(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -5304,7 +4804,6 @@ __global__ void block_bwd_composed_f64_attn_dQ(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -5478,6 +4977,7 @@ __global__ void block_bwd_composed_f64_attn_dQ_edge(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -5502,7 +5002,6 @@ __global__ void block_bwd_composed_f64_attn_dQ_edge(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -5511,7 +5010,6 @@ __global__ void block_bwd_composed_f64_attn_dQ_edge(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -5625,6 +5123,7 @@ __global__ void block_bwd_composed_f64_attn_keys(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -5649,7 +5148,6 @@ __global__ void block_bwd_composed_f64_attn_keys(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -5658,7 +5156,6 @@ __global__ void block_bwd_composed_f64_attn_keys(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -5873,6 +5370,7 @@ __global__ void block_bwd_composed_f64_attn_keys_edge(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -5897,7 +5395,6 @@ __global__ void block_bwd_composed_f64_attn_keys_edge(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -5906,7 +5403,6 @@ __global__ void block_bwd_composed_f64_attn_keys_edge(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -6037,6 +5533,7 @@ __global__ void block_bwd_composed_f64_norm1_recompute_z(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -6061,7 +5558,6 @@ __global__ void block_bwd_composed_f64_norm1_recompute_z(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -6070,7 +5566,6 @@ __global__ void block_bwd_composed_f64_norm1_recompute_z(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -6140,6 +5635,7 @@ __global__ void block_bwd_composed_f64_qkv_WqT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -6164,7 +5660,6 @@ __global__ void block_bwd_composed_f64_qkv_WqT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -6173,7 +5668,6 @@ __global__ void block_bwd_composed_f64_qkv_WqT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -6243,6 +5737,7 @@ __global__ void block_bwd_composed_f64_qkv_WkT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -6267,7 +5762,6 @@ __global__ void block_bwd_composed_f64_qkv_WkT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -6276,7 +5770,6 @@ __global__ void block_bwd_composed_f64_qkv_WkT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -6346,6 +5839,7 @@ __global__ void block_bwd_composed_f64_qkv_WvT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -6370,7 +5864,6 @@ __global__ void block_bwd_composed_f64_qkv_WvT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -6379,7 +5872,6 @@ __global__ void block_bwd_composed_f64_qkv_WvT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -6449,6 +5941,7 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WqT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -6473,7 +5966,6 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WqT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -6482,7 +5974,6 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WqT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -6556,6 +6047,7 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WkT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -6580,7 +6072,6 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WkT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -6589,7 +6080,6 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WkT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -6663,6 +6153,7 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WvT(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -6687,7 +6178,6 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WvT(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -6696,7 +6186,6 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WvT(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -6770,6 +6259,7 @@ __global__ void block_bwd_composed_f64_qkv_dX(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -6794,7 +6284,6 @@ __global__ void block_bwd_composed_f64_qkv_dX(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -6803,7 +6292,6 @@ __global__ void block_bwd_composed_f64_qkv_dX(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -7141,6 +6629,7 @@ __global__ void block_bwd_composed_f64_qkv_dX_edge(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -7165,7 +6654,6 @@ __global__ void block_bwd_composed_f64_qkv_dX_edge(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -7174,7 +6662,6 @@ __global__ void block_bwd_composed_f64_qkv_dX_edge(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -7254,6 +6741,7 @@ __global__ void block_bwd_composed_f64_qkv_dWq_pack_dQ(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -7278,7 +6766,6 @@ __global__ void block_bwd_composed_f64_qkv_dWq_pack_dQ(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -7287,7 +6774,6 @@ __global__ void block_bwd_composed_f64_qkv_dWq_pack_dQ(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -7363,6 +6849,7 @@ __global__ void block_bwd_composed_f64_qkv_dWq(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -7387,7 +6874,6 @@ __global__ void block_bwd_composed_f64_qkv_dWq(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -7396,7 +6882,6 @@ __global__ void block_bwd_composed_f64_qkv_dWq(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -7612,6 +7097,7 @@ __global__ void block_bwd_composed_f64_qkv_dWq_edge(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -7636,7 +7122,6 @@ __global__ void block_bwd_composed_f64_qkv_dWq_edge(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -7645,7 +7130,6 @@ __global__ void block_bwd_composed_f64_qkv_dWq_edge(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -7722,6 +7206,7 @@ __global__ void block_bwd_composed_f64_qkv_dWk_pack_dK(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -7746,7 +7231,6 @@ __global__ void block_bwd_composed_f64_qkv_dWk_pack_dK(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -7755,7 +7239,6 @@ __global__ void block_bwd_composed_f64_qkv_dWk_pack_dK(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -7831,6 +7314,7 @@ __global__ void block_bwd_composed_f64_qkv_dWk(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -7855,7 +7339,6 @@ __global__ void block_bwd_composed_f64_qkv_dWk(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -7864,7 +7347,6 @@ __global__ void block_bwd_composed_f64_qkv_dWk(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -8080,6 +7562,7 @@ __global__ void block_bwd_composed_f64_qkv_dWk_edge(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -8104,7 +7587,6 @@ __global__ void block_bwd_composed_f64_qkv_dWk_edge(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -8113,7 +7595,6 @@ __global__ void block_bwd_composed_f64_qkv_dWk_edge(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -8190,6 +7671,7 @@ __global__ void block_bwd_composed_f64_qkv_dWv_pack_dV(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -8214,7 +7696,6 @@ __global__ void block_bwd_composed_f64_qkv_dWv_pack_dV(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -8223,7 +7704,6 @@ __global__ void block_bwd_composed_f64_qkv_dWv_pack_dV(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -8299,6 +7779,7 @@ __global__ void block_bwd_composed_f64_qkv_dWv(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -8323,7 +7804,6 @@ __global__ void block_bwd_composed_f64_qkv_dWv(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -8332,7 +7812,6 @@ __global__ void block_bwd_composed_f64_qkv_dWv(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -8548,6 +8027,7 @@ __global__ void block_bwd_composed_f64_qkv_dWv_edge(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -8572,7 +8052,6 @@ __global__ void block_bwd_composed_f64_qkv_dWv_edge(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -8581,7 +8060,6 @@ __global__ void block_bwd_composed_f64_qkv_dWv_edge(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -8658,6 +8136,7 @@ __global__ void block_bwd_composed_f64_norm1_dweight_partial(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -8682,7 +8161,6 @@ __global__ void block_bwd_composed_f64_norm1_dweight_partial(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -8691,7 +8169,6 @@ __global__ void block_bwd_composed_f64_norm1_dweight_partial(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -8774,6 +8251,7 @@ __global__ void block_bwd_composed_f64_norm1_dweight(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -8798,7 +8276,6 @@ __global__ void block_bwd_composed_f64_norm1_dweight(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -8807,7 +8284,6 @@ __global__ void block_bwd_composed_f64_norm1_dweight(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -8878,6 +8354,7 @@ __global__ void block_bwd_composed_f64_sum_x_y(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -8902,7 +8379,6 @@ __global__ void block_bwd_composed_f64_sum_x_y(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -8911,7 +8387,6 @@ __global__ void block_bwd_composed_f64_sum_x_y(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -8979,6 +8454,7 @@ extern "C" int block_bwd_composed_f64(
     const double *__restrict__ resid,
     const double *__restrict__ inv_rms2,
     const double *__restrict__ U,
+    const double *__restrict__ Vu,
     const double *__restrict__ dy,
     double *__restrict__ dx,
     double *__restrict__ dnorm1,
@@ -9003,7 +8479,6 @@ extern "C" int block_bwd_composed_f64(
     double *__restrict__ dx_norm1,
     double *__restrict__ mlp_WdT,
     double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
@@ -9012,7 +8487,6 @@ extern "C" int block_bwd_composed_f64(
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
     double *__restrict__ mlp_WuT_panel,
     double *__restrict__ mlp_dU_panel,
@@ -9053,7 +8527,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9062,7 +8536,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9071,7 +8545,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9080,7 +8554,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9089,34 +8563,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = ((dff) / 8), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = batch*n, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9125,7 +8572,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9134,7 +8581,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9143,7 +8590,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9152,7 +8599,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9161,7 +8608,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9170,7 +8617,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9179,7 +8626,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9188,7 +8635,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9197,7 +8644,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9206,7 +8653,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9215,7 +8662,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9224,7 +8671,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9233,7 +8680,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9242,7 +8689,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9251,7 +8698,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9260,7 +8707,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9269,7 +8716,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9278,7 +8725,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9287,7 +8734,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9296,7 +8743,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_norm2_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9305,7 +8752,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_sum_resid_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9314,7 +8761,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_out_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9323,7 +8770,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9332,7 +8779,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9341,7 +8788,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9350,7 +8797,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9359,7 +8806,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = heads*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9368,7 +8815,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = dh*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9377,7 +8824,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_attn_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9386,7 +8833,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9395,7 +8842,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_attn_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9404,7 +8851,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9413,7 +8860,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_attn_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9422,7 +8869,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9431,7 +8878,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9440,7 +8887,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9449,7 +8896,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9458,7 +8905,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9467,7 +8914,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9476,7 +8923,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9485,7 +8932,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9494,7 +8941,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9503,7 +8950,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9512,7 +8959,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9521,7 +8968,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9530,7 +8977,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9539,7 +8986,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9548,7 +8995,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9557,7 +9004,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9566,7 +9013,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9575,7 +9022,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9584,7 +9031,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9593,7 +9040,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_norm1_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9602,7 +9049,7 @@ extern "C" int block_bwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f64_sum_x_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -9633,6 +9080,7 @@ __global__ void block_bwd_composed_f32_norm2_recompute_z(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -9657,7 +9105,6 @@ __global__ void block_bwd_composed_f32_norm2_recompute_z(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -9666,7 +9113,6 @@ __global__ void block_bwd_composed_f32_norm2_recompute_z(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -9736,6 +9182,7 @@ __global__ void block_bwd_composed_f32_mlp_WdT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -9760,7 +9207,6 @@ __global__ void block_bwd_composed_f32_mlp_WdT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -9769,7 +9215,6 @@ __global__ void block_bwd_composed_f32_mlp_WdT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -9837,6 +9282,7 @@ __global__ void block_bwd_composed_f32_mlp_dH_pack_WdT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -9861,7 +9307,6 @@ __global__ void block_bwd_composed_f32_mlp_dH_pack_WdT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -9870,7 +9315,6 @@ __global__ void block_bwd_composed_f32_mlp_dH_pack_WdT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -9941,6 +9385,7 @@ __global__ void block_bwd_composed_f32_mlp_dH(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -9965,7 +9410,6 @@ __global__ void block_bwd_composed_f32_mlp_dH(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -9974,7 +9418,6 @@ __global__ void block_bwd_composed_f32_mlp_dH(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -10196,6 +9639,7 @@ __global__ void block_bwd_composed_f32_mlp_dH_edge(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -10220,7 +9664,6 @@ __global__ void block_bwd_composed_f32_mlp_dH_edge(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -10229,7 +9672,6 @@ __global__ void block_bwd_composed_f32_mlp_dH_edge(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -10279,472 +9721,7 @@ __global__ void block_bwd_composed_f32_mlp_dH_edge(
     }
 }
 
-/* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
- * for e_tile (parallel) / c / lane (simd)
- */
-__global__ void block_bwd_composed_f32_mlp_V_pack_Wu(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ inv_rms1,
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ attn,
-    const float *__restrict__ lse,
-    const float *__restrict__ resid,
-    const float *__restrict__ inv_rms2,
-    const float *__restrict__ U,
-    const float *__restrict__ dy,
-    float *__restrict__ dx,
-    float *__restrict__ dnorm1,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ dWo,
-    float *__restrict__ dnorm2,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ xn2,
-    float *__restrict__ dxn2,
-    float *__restrict__ dresid_norm2,
-    float *__restrict__ dresid,
-    float *__restrict__ dattn,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
-    float *__restrict__ xn1,
-    float *__restrict__ dxn1,
-    float *__restrict__ dx_norm1,
-    float *__restrict__ mlp_WdT,
-    float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
-    float *__restrict__ mlp_dU,
-    float *__restrict__ mlp_WgT,
-    float *__restrict__ mlp_dV,
-    float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_XT,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_HT,
-    float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_WgT_panel,
-    float *__restrict__ mlp_WuT_panel,
-    float *__restrict__ mlp_dU_panel,
-    float *__restrict__ mlp_dV_panel,
-    float *__restrict__ mlp_dF_panel,
-    float *__restrict__ norm2_dweight_part,
-    float *__restrict__ out_WoT,
-    float *__restrict__ out_WoT_panel,
-    float *__restrict__ out_dY_panel,
-    float *__restrict__ attn_delta,
-    float *__restrict__ attn_qk_block,
-    float *__restrict__ attn_dov_block,
-    float *__restrict__ attn_t_block,
-    float *__restrict__ attn_qk_block2,
-    float *__restrict__ attn_dov_block2,
-    float *__restrict__ attn_t2_block,
-    float *__restrict__ attn_t3_block,
-    float *__restrict__ qkv_WqT,
-    float *__restrict__ qkv_WkT,
-    float *__restrict__ qkv_WvT,
-    float *__restrict__ qkv_WqT_panel,
-    float *__restrict__ qkv_WkT_panel,
-    float *__restrict__ qkv_WvT_panel,
-    float *__restrict__ qkv_dQ_panel,
-    float *__restrict__ qkv_dK_panel,
-    float *__restrict__ qkv_dV_panel,
-    float *__restrict__ norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= ((dff) / 8)) return;
-    const int64_t e_tile = tid;
-    for (int64_t c = 0; c < dm; ++c) {
-        const int64_t mlp_Wu_panel_row = 8*c + 8*dm*e_tile;
-        for (int64_t lane = 0; lane < 8; ++lane) {
-            mlp_Wu_panel[mlp_Wu_panel_row + lane] = Wu[c*dff + 8*e_tile + lane];
-        }
-    }
-}
-
-/* mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
- * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
- */
-__global__ void block_bwd_composed_f32_mlp_V(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ inv_rms1,
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ attn,
-    const float *__restrict__ lse,
-    const float *__restrict__ resid,
-    const float *__restrict__ inv_rms2,
-    const float *__restrict__ U,
-    const float *__restrict__ dy,
-    float *__restrict__ dx,
-    float *__restrict__ dnorm1,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ dWo,
-    float *__restrict__ dnorm2,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ xn2,
-    float *__restrict__ dxn2,
-    float *__restrict__ dresid_norm2,
-    float *__restrict__ dresid,
-    float *__restrict__ dattn,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
-    float *__restrict__ xn1,
-    float *__restrict__ dxn1,
-    float *__restrict__ dx_norm1,
-    float *__restrict__ mlp_WdT,
-    float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
-    float *__restrict__ mlp_dU,
-    float *__restrict__ mlp_WgT,
-    float *__restrict__ mlp_dV,
-    float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_XT,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_HT,
-    float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_WgT_panel,
-    float *__restrict__ mlp_WuT_panel,
-    float *__restrict__ mlp_dU_panel,
-    float *__restrict__ mlp_dV_panel,
-    float *__restrict__ mlp_dF_panel,
-    float *__restrict__ norm2_dweight_part,
-    float *__restrict__ out_WoT,
-    float *__restrict__ out_WoT_panel,
-    float *__restrict__ out_dY_panel,
-    float *__restrict__ attn_delta,
-    float *__restrict__ attn_qk_block,
-    float *__restrict__ attn_dov_block,
-    float *__restrict__ attn_t_block,
-    float *__restrict__ attn_qk_block2,
-    float *__restrict__ attn_dov_block2,
-    float *__restrict__ attn_t2_block,
-    float *__restrict__ attn_t3_block,
-    float *__restrict__ qkv_WqT,
-    float *__restrict__ qkv_WkT,
-    float *__restrict__ qkv_WvT,
-    float *__restrict__ qkv_WqT_panel,
-    float *__restrict__ qkv_WkT_panel,
-    float *__restrict__ qkv_WvT_panel,
-    float *__restrict__ qkv_dQ_panel,
-    float *__restrict__ qkv_dK_panel,
-    float *__restrict__ qkv_dV_panel,
-    float *__restrict__ norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
-    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
-    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-            const int64_t xn2_row0 = dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1));
-            const int64_t xn2_row1 = dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1));
-            const int64_t xn2_row2 = dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2));
-            const int64_t xn2_row3 = dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3));
-            const int64_t xn2_row4 = dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4));
-            const int64_t xn2_row5 = dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5));
-            float acc_0_0 = 0.0f;
-            float acc_0_1 = 0.0f;
-            float acc_0_2 = 0.0f;
-            float acc_0_3 = 0.0f;
-            float acc_0_4 = 0.0f;
-            float acc_0_5 = 0.0f;
-            float acc_0_6 = 0.0f;
-            float acc_0_7 = 0.0f;
-            float acc_1_0 = 0.0f;
-            float acc_1_1 = 0.0f;
-            float acc_1_2 = 0.0f;
-            float acc_1_3 = 0.0f;
-            float acc_1_4 = 0.0f;
-            float acc_1_5 = 0.0f;
-            float acc_1_6 = 0.0f;
-            float acc_1_7 = 0.0f;
-            float acc_2_0 = 0.0f;
-            float acc_2_1 = 0.0f;
-            float acc_2_2 = 0.0f;
-            float acc_2_3 = 0.0f;
-            float acc_2_4 = 0.0f;
-            float acc_2_5 = 0.0f;
-            float acc_2_6 = 0.0f;
-            float acc_2_7 = 0.0f;
-            float acc_3_0 = 0.0f;
-            float acc_3_1 = 0.0f;
-            float acc_3_2 = 0.0f;
-            float acc_3_3 = 0.0f;
-            float acc_3_4 = 0.0f;
-            float acc_3_5 = 0.0f;
-            float acc_3_6 = 0.0f;
-            float acc_3_7 = 0.0f;
-            float acc_4_0 = 0.0f;
-            float acc_4_1 = 0.0f;
-            float acc_4_2 = 0.0f;
-            float acc_4_3 = 0.0f;
-            float acc_4_4 = 0.0f;
-            float acc_4_5 = 0.0f;
-            float acc_4_6 = 0.0f;
-            float acc_4_7 = 0.0f;
-            float acc_5_0 = 0.0f;
-            float acc_5_1 = 0.0f;
-            float acc_5_2 = 0.0f;
-            float acc_5_3 = 0.0f;
-            float acc_5_4 = 0.0f;
-            float acc_5_5 = 0.0f;
-            float acc_5_6 = 0.0f;
-            float acc_5_7 = 0.0f;
-            for (int64_t c = 0; c < dm; ++c) {
-                acc_0_0 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_0_1 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_0_2 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_0_3 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_0_4 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_0_5 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_0_6 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_0_7 += xn2[xn2_row0 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_1_0 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_1_1 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_1_2 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_1_3 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_1_4 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_1_5 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_1_6 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_1_7 += xn2[xn2_row1 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_2_0 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_2_1 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_2_2 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_2_3 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_2_4 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_2_5 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_2_6 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_2_7 += xn2[xn2_row2 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_3_0 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_3_1 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_3_2 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_3_3 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_3_4 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_3_5 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_3_6 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_3_7 += xn2[xn2_row3 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_4_0 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_4_1 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_4_2 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_4_3 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_4_4 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_4_5 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_4_6 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_4_7 += xn2[xn2_row4 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-                acc_5_0 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile];
-                acc_5_1 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
-                acc_5_2 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
-                acc_5_3 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
-                acc_5_4 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
-                acc_5_5 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
-                acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
-                acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
-            }
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
-        }
-    }
-}
-
-/* mlp.V.edge: reads Wu; scratch mlp_V, xn2
- * for b, i (parallel) / e / c (simd)
- */
-__global__ void block_bwd_composed_f32_mlp_V_edge(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ inv_rms1,
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ attn,
-    const float *__restrict__ lse,
-    const float *__restrict__ resid,
-    const float *__restrict__ inv_rms2,
-    const float *__restrict__ U,
-    const float *__restrict__ dy,
-    float *__restrict__ dx,
-    float *__restrict__ dnorm1,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ dWo,
-    float *__restrict__ dnorm2,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ xn2,
-    float *__restrict__ dxn2,
-    float *__restrict__ dresid_norm2,
-    float *__restrict__ dresid,
-    float *__restrict__ dattn,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
-    float *__restrict__ xn1,
-    float *__restrict__ dxn1,
-    float *__restrict__ dx_norm1,
-    float *__restrict__ mlp_WdT,
-    float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
-    float *__restrict__ mlp_dU,
-    float *__restrict__ mlp_WgT,
-    float *__restrict__ mlp_dV,
-    float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_XT,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_HT,
-    float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_WgT_panel,
-    float *__restrict__ mlp_WuT_panel,
-    float *__restrict__ mlp_dU_panel,
-    float *__restrict__ mlp_dV_panel,
-    float *__restrict__ mlp_dF_panel,
-    float *__restrict__ norm2_dweight_part,
-    float *__restrict__ out_WoT,
-    float *__restrict__ out_WoT_panel,
-    float *__restrict__ out_dY_panel,
-    float *__restrict__ attn_delta,
-    float *__restrict__ attn_qk_block,
-    float *__restrict__ attn_dov_block,
-    float *__restrict__ attn_t_block,
-    float *__restrict__ attn_qk_block2,
-    float *__restrict__ attn_dov_block2,
-    float *__restrict__ attn_t2_block,
-    float *__restrict__ attn_t3_block,
-    float *__restrict__ qkv_WqT,
-    float *__restrict__ qkv_WkT,
-    float *__restrict__ qkv_WvT,
-    float *__restrict__ qkv_WqT_panel,
-    float *__restrict__ qkv_WkT_panel,
-    float *__restrict__ qkv_WvT_panel,
-    float *__restrict__ qkv_dQ_panel,
-    float *__restrict__ qkv_dK_panel,
-    float *__restrict__ qkv_dV_panel,
-    float *__restrict__ norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-        float xu = 0.0f;
-        for (int64_t c = 0; c < dm; ++c) {
-            xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
-        }
-        mlp_V[dff*(b*n + i) + e] = xu;
-    }
-}
-
-/* mlp.dU_dV_H: reads U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH, mlp_V
+/* mlp.dU_dV_H: reads Vu, U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH
  * for b, i (parallel) / e (simd)
  */
 __global__ void block_bwd_composed_f32_mlp_dU_dV_H(
@@ -10767,6 +9744,7 @@ __global__ void block_bwd_composed_f32_mlp_dU_dV_H(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -10791,7 +9769,6 @@ __global__ void block_bwd_composed_f32_mlp_dU_dV_H(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -10800,7 +9777,6 @@ __global__ void block_bwd_composed_f32_mlp_dU_dV_H(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -10842,15 +9818,15 @@ __global__ void block_bwd_composed_f32_mlp_dU_dV_H(
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
     const int64_t mlp_dH_row = dff*(b*n + i);
-    const int64_t mlp_V_row = dff*(b*n + i);
+    const int64_t Vu_row = dff*(b*n + i);
     const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 0; e < dff; ++e) {
-        const float t2 = mlp_dH[mlp_dH_row + e] * mlp_V[mlp_V_row + e];
+        const float t2 = mlp_dH[mlp_dH_row + e] * Vu[Vu_row + e];
         const float t3 = 1.0f / (1.0f + expf(-U[U_row + e]));
         mlp_dU[dff*(b*n + i) + e] = t2 * U[U_row + e] * t3 * (1.0f - t3) + t2 * t3;
         const float t = U[U_row + e] * t3;
         mlp_dV[dff*(b*n + i) + e] = mlp_dH[mlp_dH_row + e] * t;
-        mlp_H[dff*(b*n + i) + e] = t * mlp_V[mlp_V_row + e];
+        mlp_H[dff*(b*n + i) + e] = t * Vu[Vu_row + e];
     }
 }
 
@@ -10877,6 +9853,7 @@ __global__ void block_bwd_composed_f32_mlp_WgT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -10901,7 +9878,6 @@ __global__ void block_bwd_composed_f32_mlp_WgT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -10910,7 +9886,6 @@ __global__ void block_bwd_composed_f32_mlp_WgT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -10978,6 +9953,7 @@ __global__ void block_bwd_composed_f32_mlp_WuT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -11002,7 +9978,6 @@ __global__ void block_bwd_composed_f32_mlp_WuT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -11011,7 +9986,6 @@ __global__ void block_bwd_composed_f32_mlp_WuT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -11079,6 +10053,7 @@ __global__ void block_bwd_composed_f32_mlp_dX_pack_WgT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -11103,7 +10078,6 @@ __global__ void block_bwd_composed_f32_mlp_dX_pack_WgT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -11112,7 +10086,6 @@ __global__ void block_bwd_composed_f32_mlp_dX_pack_WgT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -11183,6 +10156,7 @@ __global__ void block_bwd_composed_f32_mlp_dX_pack_WuT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -11207,7 +10181,6 @@ __global__ void block_bwd_composed_f32_mlp_dX_pack_WuT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -11216,7 +10189,6 @@ __global__ void block_bwd_composed_f32_mlp_dX_pack_WuT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -11287,6 +10259,7 @@ __global__ void block_bwd_composed_f32_mlp_dX(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -11311,7 +10284,6 @@ __global__ void block_bwd_composed_f32_mlp_dX(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -11320,7 +10292,6 @@ __global__ void block_bwd_composed_f32_mlp_dX(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -11598,6 +10569,7 @@ __global__ void block_bwd_composed_f32_mlp_dX_edge(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -11622,7 +10594,6 @@ __global__ void block_bwd_composed_f32_mlp_dX_edge(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -11631,7 +10602,6 @@ __global__ void block_bwd_composed_f32_mlp_dX_edge(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -11704,6 +10674,7 @@ __global__ void block_bwd_composed_f32_mlp_XT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -11728,7 +10699,6 @@ __global__ void block_bwd_composed_f32_mlp_XT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -11737,7 +10707,6 @@ __global__ void block_bwd_composed_f32_mlp_XT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -11806,6 +10775,7 @@ __global__ void block_bwd_composed_f32_mlp_dWg_pack_dU(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -11830,7 +10800,6 @@ __global__ void block_bwd_composed_f32_mlp_dWg_pack_dU(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -11839,7 +10808,6 @@ __global__ void block_bwd_composed_f32_mlp_dWg_pack_dU(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -11913,6 +10881,7 @@ __global__ void block_bwd_composed_f32_mlp_dWg(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -11937,7 +10906,6 @@ __global__ void block_bwd_composed_f32_mlp_dWg(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -11946,7 +10914,6 @@ __global__ void block_bwd_composed_f32_mlp_dWg(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -12167,6 +11134,7 @@ __global__ void block_bwd_composed_f32_mlp_dWg_edge(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -12191,7 +11159,6 @@ __global__ void block_bwd_composed_f32_mlp_dWg_edge(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -12200,7 +11167,6 @@ __global__ void block_bwd_composed_f32_mlp_dWg_edge(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -12276,6 +11242,7 @@ __global__ void block_bwd_composed_f32_mlp_dWu_pack_dV(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -12300,7 +11267,6 @@ __global__ void block_bwd_composed_f32_mlp_dWu_pack_dV(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -12309,7 +11275,6 @@ __global__ void block_bwd_composed_f32_mlp_dWu_pack_dV(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -12383,6 +11348,7 @@ __global__ void block_bwd_composed_f32_mlp_dWu(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -12407,7 +11373,6 @@ __global__ void block_bwd_composed_f32_mlp_dWu(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -12416,7 +11381,6 @@ __global__ void block_bwd_composed_f32_mlp_dWu(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -12637,6 +11601,7 @@ __global__ void block_bwd_composed_f32_mlp_dWu_edge(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -12661,7 +11626,6 @@ __global__ void block_bwd_composed_f32_mlp_dWu_edge(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -12670,7 +11634,6 @@ __global__ void block_bwd_composed_f32_mlp_dWu_edge(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -12746,6 +11709,7 @@ __global__ void block_bwd_composed_f32_mlp_HT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -12770,7 +11734,6 @@ __global__ void block_bwd_composed_f32_mlp_HT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -12779,7 +11742,6 @@ __global__ void block_bwd_composed_f32_mlp_HT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -12848,6 +11810,7 @@ __global__ void block_bwd_composed_f32_mlp_dWd_pack_dF(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -12872,7 +11835,6 @@ __global__ void block_bwd_composed_f32_mlp_dWd_pack_dF(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -12881,7 +11843,6 @@ __global__ void block_bwd_composed_f32_mlp_dWd_pack_dF(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -12955,6 +11916,7 @@ __global__ void block_bwd_composed_f32_mlp_dWd(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -12979,7 +11941,6 @@ __global__ void block_bwd_composed_f32_mlp_dWd(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -12988,7 +11949,6 @@ __global__ void block_bwd_composed_f32_mlp_dWd(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -13209,6 +12169,7 @@ __global__ void block_bwd_composed_f32_mlp_dWd_edge(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -13233,7 +12194,6 @@ __global__ void block_bwd_composed_f32_mlp_dWd_edge(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -13242,7 +12202,6 @@ __global__ void block_bwd_composed_f32_mlp_dWd_edge(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -13318,6 +12277,7 @@ __global__ void block_bwd_composed_f32_norm2_dweight_partial(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -13342,7 +12302,6 @@ __global__ void block_bwd_composed_f32_norm2_dweight_partial(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -13351,7 +12310,6 @@ __global__ void block_bwd_composed_f32_norm2_dweight_partial(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -13434,6 +12392,7 @@ __global__ void block_bwd_composed_f32_norm2_dweight(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -13458,7 +12417,6 @@ __global__ void block_bwd_composed_f32_norm2_dweight(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -13467,7 +12425,6 @@ __global__ void block_bwd_composed_f32_norm2_dweight(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -13538,6 +12495,7 @@ __global__ void block_bwd_composed_f32_sum_resid_y(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -13562,7 +12520,6 @@ __global__ void block_bwd_composed_f32_sum_resid_y(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -13571,7 +12528,6 @@ __global__ void block_bwd_composed_f32_sum_resid_y(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -13640,6 +12596,7 @@ __global__ void block_bwd_composed_f32_out_WoT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -13664,7 +12621,6 @@ __global__ void block_bwd_composed_f32_out_WoT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -13673,7 +12629,6 @@ __global__ void block_bwd_composed_f32_out_WoT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -13743,6 +12698,7 @@ __global__ void block_bwd_composed_f32_out_dO_pack_WoT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -13767,7 +12723,6 @@ __global__ void block_bwd_composed_f32_out_dO_pack_WoT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -13776,7 +12731,6 @@ __global__ void block_bwd_composed_f32_out_dO_pack_WoT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -13850,6 +12804,7 @@ __global__ void block_bwd_composed_f32_out_dO(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -13874,7 +12829,6 @@ __global__ void block_bwd_composed_f32_out_dO(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -13883,7 +12837,6 @@ __global__ void block_bwd_composed_f32_out_dO(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -14104,6 +13057,7 @@ __global__ void block_bwd_composed_f32_out_dO_edge(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -14128,7 +13082,6 @@ __global__ void block_bwd_composed_f32_out_dO_edge(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -14137,7 +13090,6 @@ __global__ void block_bwd_composed_f32_out_dO_edge(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -14212,6 +13164,7 @@ __global__ void block_bwd_composed_f32_out_dWo_pack_dY(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -14236,7 +13189,6 @@ __global__ void block_bwd_composed_f32_out_dWo_pack_dY(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -14245,7 +13197,6 @@ __global__ void block_bwd_composed_f32_out_dWo_pack_dY(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -14319,6 +13270,7 @@ __global__ void block_bwd_composed_f32_out_dWo(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -14343,7 +13295,6 @@ __global__ void block_bwd_composed_f32_out_dWo(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -14352,7 +13303,6 @@ __global__ void block_bwd_composed_f32_out_dWo(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -14568,6 +13518,7 @@ __global__ void block_bwd_composed_f32_out_dWo_edge(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -14592,7 +13543,6 @@ __global__ void block_bwd_composed_f32_out_dWo_edge(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -14601,7 +13551,6 @@ __global__ void block_bwd_composed_f32_out_dWo_edge(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -14678,6 +13627,7 @@ __global__ void block_bwd_composed_f32_attn_delta(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -14702,7 +13652,6 @@ __global__ void block_bwd_composed_f32_attn_delta(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -14711,7 +13660,6 @@ __global__ void block_bwd_composed_f32_attn_delta(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -14785,6 +13733,7 @@ __global__ void block_bwd_composed_f32_attn_dQ(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -14809,7 +13758,6 @@ __global__ void block_bwd_composed_f32_attn_dQ(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -14818,7 +13766,6 @@ __global__ void block_bwd_composed_f32_attn_dQ(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -14992,6 +13939,7 @@ __global__ void block_bwd_composed_f32_attn_dQ_edge(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -15016,7 +13964,6 @@ __global__ void block_bwd_composed_f32_attn_dQ_edge(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -15025,7 +13972,6 @@ __global__ void block_bwd_composed_f32_attn_dQ_edge(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -15139,6 +14085,7 @@ __global__ void block_bwd_composed_f32_attn_keys(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -15163,7 +14110,6 @@ __global__ void block_bwd_composed_f32_attn_keys(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -15172,7 +14118,6 @@ __global__ void block_bwd_composed_f32_attn_keys(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -15387,6 +14332,7 @@ __global__ void block_bwd_composed_f32_attn_keys_edge(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -15411,7 +14357,6 @@ __global__ void block_bwd_composed_f32_attn_keys_edge(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -15420,7 +14365,6 @@ __global__ void block_bwd_composed_f32_attn_keys_edge(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -15551,6 +14495,7 @@ __global__ void block_bwd_composed_f32_norm1_recompute_z(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -15575,7 +14520,6 @@ __global__ void block_bwd_composed_f32_norm1_recompute_z(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -15584,7 +14528,6 @@ __global__ void block_bwd_composed_f32_norm1_recompute_z(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -15654,6 +14597,7 @@ __global__ void block_bwd_composed_f32_qkv_WqT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -15678,7 +14622,6 @@ __global__ void block_bwd_composed_f32_qkv_WqT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -15687,7 +14630,6 @@ __global__ void block_bwd_composed_f32_qkv_WqT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -15757,6 +14699,7 @@ __global__ void block_bwd_composed_f32_qkv_WkT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -15781,7 +14724,6 @@ __global__ void block_bwd_composed_f32_qkv_WkT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -15790,7 +14732,6 @@ __global__ void block_bwd_composed_f32_qkv_WkT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -15860,6 +14801,7 @@ __global__ void block_bwd_composed_f32_qkv_WvT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -15884,7 +14826,6 @@ __global__ void block_bwd_composed_f32_qkv_WvT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -15893,7 +14834,6 @@ __global__ void block_bwd_composed_f32_qkv_WvT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -15963,6 +14903,7 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WqT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -15987,7 +14928,6 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WqT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -15996,7 +14936,6 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WqT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -16070,6 +15009,7 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WkT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -16094,7 +15034,6 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WkT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -16103,7 +15042,6 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WkT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -16177,6 +15115,7 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WvT(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -16201,7 +15140,6 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WvT(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -16210,7 +15148,6 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WvT(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -16284,6 +15221,7 @@ __global__ void block_bwd_composed_f32_qkv_dX(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -16308,7 +15246,6 @@ __global__ void block_bwd_composed_f32_qkv_dX(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -16317,7 +15254,6 @@ __global__ void block_bwd_composed_f32_qkv_dX(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -16655,6 +15591,7 @@ __global__ void block_bwd_composed_f32_qkv_dX_edge(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -16679,7 +15616,6 @@ __global__ void block_bwd_composed_f32_qkv_dX_edge(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -16688,7 +15624,6 @@ __global__ void block_bwd_composed_f32_qkv_dX_edge(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -16768,6 +15703,7 @@ __global__ void block_bwd_composed_f32_qkv_dWq_pack_dQ(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -16792,7 +15728,6 @@ __global__ void block_bwd_composed_f32_qkv_dWq_pack_dQ(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -16801,7 +15736,6 @@ __global__ void block_bwd_composed_f32_qkv_dWq_pack_dQ(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -16877,6 +15811,7 @@ __global__ void block_bwd_composed_f32_qkv_dWq(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -16901,7 +15836,6 @@ __global__ void block_bwd_composed_f32_qkv_dWq(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -16910,7 +15844,6 @@ __global__ void block_bwd_composed_f32_qkv_dWq(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -17126,6 +16059,7 @@ __global__ void block_bwd_composed_f32_qkv_dWq_edge(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -17150,7 +16084,6 @@ __global__ void block_bwd_composed_f32_qkv_dWq_edge(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -17159,7 +16092,6 @@ __global__ void block_bwd_composed_f32_qkv_dWq_edge(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -17236,6 +16168,7 @@ __global__ void block_bwd_composed_f32_qkv_dWk_pack_dK(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -17260,7 +16193,6 @@ __global__ void block_bwd_composed_f32_qkv_dWk_pack_dK(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -17269,7 +16201,6 @@ __global__ void block_bwd_composed_f32_qkv_dWk_pack_dK(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -17345,6 +16276,7 @@ __global__ void block_bwd_composed_f32_qkv_dWk(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -17369,7 +16301,6 @@ __global__ void block_bwd_composed_f32_qkv_dWk(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -17378,7 +16309,6 @@ __global__ void block_bwd_composed_f32_qkv_dWk(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -17594,6 +16524,7 @@ __global__ void block_bwd_composed_f32_qkv_dWk_edge(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -17618,7 +16549,6 @@ __global__ void block_bwd_composed_f32_qkv_dWk_edge(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -17627,7 +16557,6 @@ __global__ void block_bwd_composed_f32_qkv_dWk_edge(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -17704,6 +16633,7 @@ __global__ void block_bwd_composed_f32_qkv_dWv_pack_dV(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -17728,7 +16658,6 @@ __global__ void block_bwd_composed_f32_qkv_dWv_pack_dV(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -17737,7 +16666,6 @@ __global__ void block_bwd_composed_f32_qkv_dWv_pack_dV(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -17813,6 +16741,7 @@ __global__ void block_bwd_composed_f32_qkv_dWv(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -17837,7 +16766,6 @@ __global__ void block_bwd_composed_f32_qkv_dWv(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -17846,7 +16774,6 @@ __global__ void block_bwd_composed_f32_qkv_dWv(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -18062,6 +16989,7 @@ __global__ void block_bwd_composed_f32_qkv_dWv_edge(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -18086,7 +17014,6 @@ __global__ void block_bwd_composed_f32_qkv_dWv_edge(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -18095,7 +17022,6 @@ __global__ void block_bwd_composed_f32_qkv_dWv_edge(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -18172,6 +17098,7 @@ __global__ void block_bwd_composed_f32_norm1_dweight_partial(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -18196,7 +17123,6 @@ __global__ void block_bwd_composed_f32_norm1_dweight_partial(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -18205,7 +17131,6 @@ __global__ void block_bwd_composed_f32_norm1_dweight_partial(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -18288,6 +17213,7 @@ __global__ void block_bwd_composed_f32_norm1_dweight(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -18312,7 +17238,6 @@ __global__ void block_bwd_composed_f32_norm1_dweight(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -18321,7 +17246,6 @@ __global__ void block_bwd_composed_f32_norm1_dweight(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -18392,6 +17316,7 @@ __global__ void block_bwd_composed_f32_sum_x_y(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -18416,7 +17341,6 @@ __global__ void block_bwd_composed_f32_sum_x_y(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -18425,7 +17349,6 @@ __global__ void block_bwd_composed_f32_sum_x_y(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -18493,6 +17416,7 @@ extern "C" int block_bwd_composed_f32(
     const float *__restrict__ resid,
     const float *__restrict__ inv_rms2,
     const float *__restrict__ U,
+    const float *__restrict__ Vu,
     const float *__restrict__ dy,
     float *__restrict__ dx,
     float *__restrict__ dnorm1,
@@ -18517,7 +17441,6 @@ extern "C" int block_bwd_composed_f32(
     float *__restrict__ dx_norm1,
     float *__restrict__ mlp_WdT,
     float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
@@ -18526,7 +17449,6 @@ extern "C" int block_bwd_composed_f32(
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
     float *__restrict__ mlp_WuT_panel,
     float *__restrict__ mlp_dU_panel,
@@ -18567,7 +17489,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18576,7 +17498,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18585,7 +17507,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH_pack_WdT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18594,7 +17516,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18603,34 +17525,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = ((dff) / 8), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = batch*n, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18639,7 +17534,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dU_dV_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18648,7 +17543,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18657,7 +17552,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18666,7 +17561,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_pack_WgT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18675,7 +17570,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_pack_WuT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18684,7 +17579,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18693,7 +17588,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18702,7 +17597,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_XT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18711,7 +17606,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_pack_dU, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18720,7 +17615,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18729,7 +17624,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18738,7 +17633,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18747,7 +17642,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18756,7 +17651,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = dm, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18765,7 +17660,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_HT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18774,7 +17669,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_pack_dF, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18783,7 +17678,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18792,7 +17687,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = dff, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18801,7 +17696,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18810,7 +17705,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_norm2_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18819,7 +17714,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_sum_resid_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18828,7 +17723,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_out_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18837,7 +17732,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO_pack_WoT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18846,7 +17741,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18855,7 +17750,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18864,7 +17759,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_pack_dY, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18873,7 +17768,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = heads*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18882,7 +17777,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = dh*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18891,7 +17786,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_attn_delta, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18900,7 +17795,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18909,7 +17804,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_attn_dQ_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18918,7 +17813,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18927,7 +17822,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_attn_keys_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18936,7 +17831,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_recompute_z, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18945,7 +17840,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18954,7 +17849,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18963,7 +17858,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18972,7 +17867,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WqT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18981,7 +17876,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WkT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18990,7 +17885,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_pack_WvT, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -18999,7 +17894,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -19008,7 +17903,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -19017,7 +17912,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq_pack_dQ, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -19026,7 +17921,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -19035,7 +17930,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -19044,7 +17939,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk_pack_dK, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -19053,7 +17948,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -19062,7 +17957,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -19071,7 +17966,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv_pack_dV, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -19080,7 +17975,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -19089,7 +17984,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = dm*heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -19098,7 +17993,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = 16, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_dweight_partial, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -19107,7 +18002,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = 1, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_norm1_dweight, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -19116,7 +18011,7 @@ extern "C" int block_bwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_bwd_composed_f32_sum_x_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, attn_dov_block, attn_t_block, attn_qk_block2, attn_dov_block2, attn_t2_block, attn_t3_block, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

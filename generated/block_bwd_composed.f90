@@ -9,7 +9,6 @@
 ! stage mlp: mlp_bwd tiled
 ! WdT[c, e] = (<e c> psi Wd)
 ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
 ! dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * (<b i e> psi U) * sigmoid((<b i e> psi U)) * (1.0 - sigmoid((<b i e> psi U))) + (<b i e> psi dH) * (<b i e> psi V) * sigmoid((<b i e> psi U))
 ! dV[b, i, e] = (<b i e> psi dH) * (<b i e> psi U) * sigmoid((<b i e> psi U))
 ! H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
@@ -93,10 +92,10 @@ module moagen_kernels
 contains
 
   subroutine block_bwd_composed_f64(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, &
-      & V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, &
-      & dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, &
-      & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, &
-      & mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
+      & V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, &
+      & dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, &
+      & mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, &
+      & mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
       & norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, &
       & attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, &
       & qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, &
@@ -123,6 +122,7 @@ contains
     real(c_double), intent(in) :: resid(0:batch * n * dm - 1)
     real(c_double), intent(in) :: inv_rms2(0:batch * n - 1)
     real(c_double), intent(in) :: U(0:batch * n * dff - 1)
+    real(c_double), intent(in) :: Vu(0:batch * n * dff - 1)
     real(c_double), intent(in) :: dy(0:batch * n * dm - 1)
     real(c_double), intent(out) :: dx(0:batch * n * dm - 1)
     real(c_double), intent(out) :: dnorm1(0:dm - 1)
@@ -147,7 +147,6 @@ contains
     real(c_double), intent(out) :: dx_norm1(0:batch * n * dm - 1)
     real(c_double), intent(out) :: mlp_WdT(0:dm * dff - 1)
     real(c_double), intent(out) :: mlp_dH(0:batch * n * dff - 1)
-    real(c_double), intent(out) :: mlp_V(0:batch * n * dff - 1)
     real(c_double), intent(out) :: mlp_dU(0:batch * n * dff - 1)
     real(c_double), intent(out) :: mlp_WgT(0:dff * dm - 1)
     real(c_double), intent(out) :: mlp_dV(0:batch * n * dff - 1)
@@ -156,7 +155,6 @@ contains
     real(c_double), intent(out) :: mlp_H(0:batch * n * dff - 1)
     real(c_double), intent(out) :: mlp_HT(0:batch * dff * n - 1)
     real(c_double), intent(out) :: mlp_WdT_panel(0:((dff) / 8) * dm * 8 - 1)
-    real(c_double), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: mlp_WgT_panel(0:((dm) / 8) * dff * 8 - 1)
     real(c_double), intent(out) :: mlp_WuT_panel(0:((dm) / 8) * dff * 8 - 1)
     real(c_double), intent(out) :: mlp_dU_panel(0:((dff) / 8) * batch * n * 8 - 1)
@@ -186,28 +184,27 @@ contains
     real(c_double), intent(out) :: norm1_dweight_part(0:16 * dm - 1)
     integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_blk, i_tile, c_tile, i_part, m, h, m_tile, &
         & j_part, a0, a1, a2, a3, a0b, a1b, a2b, a3b, lane2, j_in_tile_blk, j_in_tile, j_in, &
-        & mlp_WdT_panel_row, dy_row0, dy_row1, dy_row2, dy_row3, dy_row4, dy_row5, &
-        & mlp_Wu_panel_row, xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, &
-        & mlp_dH_row, mlp_V_row, U_row, mlp_WgT_panel_row, mlp_WuT_panel_row, mlp_dU_row0, &
-        & mlp_dU_row1, mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, &
-        & mlp_dV_row1, mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, mlp_dU_panel_row, &
-        & mlp_dU_row, mlp_XT_row0, mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, &
-        & mlp_XT_row5, mlp_dV_panel_row, mlp_dV_row, mlp_dF_panel_row, dy_row, mlp_HT_row0, &
-        & mlp_HT_row1, mlp_HT_row2, mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, out_WoT_panel_row, &
-        & out_WoT_row, dresid_row0, dresid_row1, dresid_row2, dresid_row3, dresid_row4, &
-        & dresid_row5, dattn_row, out_dY_panel_row, dresid_row, attn_row, attn_dQ_part_row, &
-        & attn_Q_panel_row, attn_dO_panel_row, Q_row, attn_dQ_part_row0, attn_dQ_part_row1, &
-        & Q_row0, Q_row1, dattn_row0, dattn_row1, dQ_row, qkv_WqT_panel_row, qkv_WqT_row, &
-        & qkv_WkT_panel_row, qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, &
-        & dQ_row2, dQ_row3, dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, &
-        & dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, &
-        & qkv_dQ_panel_row, qkv_dK_panel_row, qkv_dV_panel_row
+        & mlp_WdT_panel_row, dy_row0, dy_row1, dy_row2, dy_row3, dy_row4, dy_row5, mlp_dH_row, &
+        & Vu_row, U_row, mlp_WgT_panel_row, mlp_WuT_panel_row, mlp_dU_row0, mlp_dU_row1, &
+        & mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, mlp_dV_row1, &
+        & mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, mlp_dU_panel_row, mlp_dU_row, &
+        & mlp_XT_row0, mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, mlp_XT_row5, &
+        & mlp_dV_panel_row, mlp_dV_row, mlp_dF_panel_row, dy_row, mlp_HT_row0, mlp_HT_row1, &
+        & mlp_HT_row2, mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, out_WoT_panel_row, out_WoT_row, &
+        & dresid_row0, dresid_row1, dresid_row2, dresid_row3, dresid_row4, dresid_row5, &
+        & dattn_row, out_dY_panel_row, dresid_row, attn_row, attn_dQ_part_row, attn_Q_panel_row, &
+        & attn_dO_panel_row, Q_row, attn_dQ_part_row0, attn_dQ_part_row1, Q_row0, Q_row1, &
+        & dattn_row0, dattn_row1, dQ_row, qkv_WqT_panel_row, qkv_WqT_row, qkv_WkT_panel_row, &
+        & qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, dQ_row2, dQ_row3, &
+        & dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, dK_row5, dV_row0, &
+        & dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, qkv_dQ_panel_row, &
+        & qkv_dK_panel_row, qkv_dV_panel_row
     real(c_double) :: inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
         & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
         & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
         & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
-        & acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfwd, xu, t2, t3, t, acc, over_b, total, &
+        & acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfwd, t2, t3, t, acc, over_b, total, &
         & dweight_sum, dywo, ody, rowdot, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, &
         & qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_1_0, &
         & qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_1_8, qk_1_9, qk_1_10, &
@@ -488,223 +485,22 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
-    ! for e_tile (parallel) / c / lane (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_Wu_panel_row)
-    do e_tile = 0, ((dff) / 8) - 1
-      do c = 0, dm - 1
-        mlp_Wu_panel_row = 8*c + 8*dm*e_tile
-        !$omp simd
-        do lane = 0, 7
-          mlp_Wu_panel(mlp_Wu_panel_row + lane) = Wu(c*dff + 8*e_tile + lane)
-        end do
-      end do
-    end do
-    !$omp end parallel do
-    ! mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
-    ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, xn2_row0, xn2_row1, &
-    !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, &
-    !$omp& acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, &
-    !$omp& acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, &
-    !$omp& acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-    !$omp& acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
-    do b = 0, batch - 1
-      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
-        do e_tile = 0, ((dff) / 8) - 1
-          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
-            xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
-            xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
-            xn2_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
-            xn2_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
-            xn2_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
-            xn2_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
-            acc_0_0 = 0.0_c_double
-            acc_0_1 = 0.0_c_double
-            acc_0_2 = 0.0_c_double
-            acc_0_3 = 0.0_c_double
-            acc_0_4 = 0.0_c_double
-            acc_0_5 = 0.0_c_double
-            acc_0_6 = 0.0_c_double
-            acc_0_7 = 0.0_c_double
-            acc_1_0 = 0.0_c_double
-            acc_1_1 = 0.0_c_double
-            acc_1_2 = 0.0_c_double
-            acc_1_3 = 0.0_c_double
-            acc_1_4 = 0.0_c_double
-            acc_1_5 = 0.0_c_double
-            acc_1_6 = 0.0_c_double
-            acc_1_7 = 0.0_c_double
-            acc_2_0 = 0.0_c_double
-            acc_2_1 = 0.0_c_double
-            acc_2_2 = 0.0_c_double
-            acc_2_3 = 0.0_c_double
-            acc_2_4 = 0.0_c_double
-            acc_2_5 = 0.0_c_double
-            acc_2_6 = 0.0_c_double
-            acc_2_7 = 0.0_c_double
-            acc_3_0 = 0.0_c_double
-            acc_3_1 = 0.0_c_double
-            acc_3_2 = 0.0_c_double
-            acc_3_3 = 0.0_c_double
-            acc_3_4 = 0.0_c_double
-            acc_3_5 = 0.0_c_double
-            acc_3_6 = 0.0_c_double
-            acc_3_7 = 0.0_c_double
-            acc_4_0 = 0.0_c_double
-            acc_4_1 = 0.0_c_double
-            acc_4_2 = 0.0_c_double
-            acc_4_3 = 0.0_c_double
-            acc_4_4 = 0.0_c_double
-            acc_4_5 = 0.0_c_double
-            acc_4_6 = 0.0_c_double
-            acc_4_7 = 0.0_c_double
-            acc_5_0 = 0.0_c_double
-            acc_5_1 = 0.0_c_double
-            acc_5_2 = 0.0_c_double
-            acc_5_3 = 0.0_c_double
-            acc_5_4 = 0.0_c_double
-            acc_5_5 = 0.0_c_double
-            acc_5_6 = 0.0_c_double
-            acc_5_7 = 0.0_c_double
-            !GCC$ novector
-            do c = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-              acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile)
-              acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 1)
-              acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 2)
-              acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 3)
-              acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 4)
-              acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 5)
-              acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
-              acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
-            end do
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
-          end do
-        end do
-      end do
-    end do
-    !$omp end parallel do
-    ! mlp.V.edge: reads Wu; scratch mlp_V, xn2
-    ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
-    do b = 0, batch - 1
-      do i = 0, n - 1
-        do e = 8*((dff) / 8), dff - 1
-          xu = 0.0_c_double
-          !$omp simd reduction(+:xu)
-          do c = 0, dm - 1
-            xu = xu + xn2(c + dm*(b*n + i)) * Wu(c*dff + e)
-          end do
-          mlp_V(dff*(b*n + i) + e) = xu
-        end do
-      end do
-    end do
-    !$omp end parallel do
-    ! mlp.dU_dV_H: reads U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH, mlp_V
+    ! mlp.dU_dV_H: reads Vu, U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH
     ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, mlp_dH_row, mlp_V_row, U_row, t2, &
-    !$omp& t3, t)
+    !$omp parallel do collapse(2) schedule(static) private(e, mlp_dH_row, Vu_row, U_row, t2, t3, t)
     do b = 0, batch - 1
       do i = 0, n - 1
         mlp_dH_row = dff*(b*n + i)
-        mlp_V_row = dff*(b*n + i)
+        Vu_row = dff*(b*n + i)
         U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, dff - 1
-          t2 = mlp_dH(mlp_dH_row + e) * mlp_V(mlp_V_row + e)
+          t2 = mlp_dH(mlp_dH_row + e) * Vu(Vu_row + e)
           t3 = 1.0_c_double / (1.0_c_double + exp(-U(U_row + e)))
           mlp_dU(dff*(b*n + i) + e) = t2 * U(U_row + e) * t3 * (1.0_c_double - t3) + t2 * t3
           t = U(U_row + e) * t3
           mlp_dV(dff*(b*n + i) + e) = mlp_dH(mlp_dH_row + e) * t
-          mlp_H(dff*(b*n + i) + e) = t * mlp_V(mlp_V_row + e)
+          mlp_H(dff*(b*n + i) + e) = t * Vu(Vu_row + e)
         end do
       end do
     end do
@@ -7677,10 +7473,10 @@ contains
   end subroutine block_bwd_composed_f64
 
   subroutine block_bwd_composed_f32(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, &
-      & V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, &
-      & dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, mlp_WdT, &
-      & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, &
-      & mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
+      & V, attn, lse, resid, inv_rms2, U, Vu, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, &
+      & dWu, dWd, xn2, dxn2, dresid_norm2, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm1, &
+      & mlp_WdT, mlp_dH, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_H, mlp_HT, mlp_WdT_panel, &
+      & mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
       & norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, attn_qk_block, &
       & attn_dov_block, attn_t2_block, attn_t_block, attn_dQ_part, attn_Q_panel, attn_dO_panel, &
       & qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, &
@@ -7707,6 +7503,7 @@ contains
     real(c_float), intent(in) :: resid(0:batch * n * dm - 1)
     real(c_float), intent(in) :: inv_rms2(0:batch * n - 1)
     real(c_float), intent(in) :: U(0:batch * n * dff - 1)
+    real(c_float), intent(in) :: Vu(0:batch * n * dff - 1)
     real(c_float), intent(in) :: dy(0:batch * n * dm - 1)
     real(c_float), intent(out) :: dx(0:batch * n * dm - 1)
     real(c_float), intent(out) :: dnorm1(0:dm - 1)
@@ -7731,7 +7528,6 @@ contains
     real(c_float), intent(out) :: dx_norm1(0:batch * n * dm - 1)
     real(c_float), intent(out) :: mlp_WdT(0:dm * dff - 1)
     real(c_float), intent(out) :: mlp_dH(0:batch * n * dff - 1)
-    real(c_float), intent(out) :: mlp_V(0:batch * n * dff - 1)
     real(c_float), intent(out) :: mlp_dU(0:batch * n * dff - 1)
     real(c_float), intent(out) :: mlp_WgT(0:dff * dm - 1)
     real(c_float), intent(out) :: mlp_dV(0:batch * n * dff - 1)
@@ -7740,7 +7536,6 @@ contains
     real(c_float), intent(out) :: mlp_H(0:batch * n * dff - 1)
     real(c_float), intent(out) :: mlp_HT(0:batch * dff * n - 1)
     real(c_float), intent(out) :: mlp_WdT_panel(0:((dff) / 16) * dm * 16 - 1)
-    real(c_float), intent(out) :: mlp_Wu_panel(0:((dff) / 16) * dm * 16 - 1)
     real(c_float), intent(out) :: mlp_WgT_panel(0:((dm) / 16) * dff * 16 - 1)
     real(c_float), intent(out) :: mlp_WuT_panel(0:((dm) / 16) * dff * 16 - 1)
     real(c_float), intent(out) :: mlp_dU_panel(0:((dff) / 16) * batch * n * 16 - 1)
@@ -7770,22 +7565,21 @@ contains
     real(c_float), intent(out) :: norm1_dweight_part(0:16 * dm - 1)
     integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_blk, i_tile, c_tile, i_part, m, h, m_tile, &
         & j_part, a0, a1, a2, a3, a0b, a1b, a2b, a3b, lane2, j_in_tile_blk, j_in_tile, j_in, &
-        & mlp_WdT_panel_row, dy_row0, dy_row1, dy_row2, dy_row3, dy_row4, dy_row5, &
-        & mlp_Wu_panel_row, xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, &
-        & mlp_dH_row, mlp_V_row, U_row, mlp_WgT_panel_row, mlp_WuT_panel_row, mlp_dU_row0, &
-        & mlp_dU_row1, mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, &
-        & mlp_dV_row1, mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, mlp_dU_panel_row, &
-        & mlp_dU_row, mlp_XT_row0, mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, &
-        & mlp_XT_row5, mlp_dV_panel_row, mlp_dV_row, mlp_dF_panel_row, dy_row, mlp_HT_row0, &
-        & mlp_HT_row1, mlp_HT_row2, mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, out_WoT_panel_row, &
-        & out_WoT_row, dresid_row0, dresid_row1, dresid_row2, dresid_row3, dresid_row4, &
-        & dresid_row5, dattn_row, out_dY_panel_row, dresid_row, attn_row, attn_dQ_part_row, &
-        & attn_Q_panel_row, attn_dO_panel_row, Q_row, attn_dQ_part_row0, attn_dQ_part_row1, &
-        & Q_row0, Q_row1, dattn_row0, dattn_row1, dQ_row, qkv_WqT_panel_row, qkv_WqT_row, &
-        & qkv_WkT_panel_row, qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, &
-        & dQ_row2, dQ_row3, dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, &
-        & dK_row5, dV_row0, dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, &
-        & qkv_dQ_panel_row, qkv_dK_panel_row, qkv_dV_panel_row
+        & mlp_WdT_panel_row, dy_row0, dy_row1, dy_row2, dy_row3, dy_row4, dy_row5, mlp_dH_row, &
+        & Vu_row, U_row, mlp_WgT_panel_row, mlp_WuT_panel_row, mlp_dU_row0, mlp_dU_row1, &
+        & mlp_dU_row2, mlp_dU_row3, mlp_dU_row4, mlp_dU_row5, mlp_dV_row0, mlp_dV_row1, &
+        & mlp_dV_row2, mlp_dV_row3, mlp_dV_row4, mlp_dV_row5, mlp_dU_panel_row, mlp_dU_row, &
+        & mlp_XT_row0, mlp_XT_row1, mlp_XT_row2, mlp_XT_row3, mlp_XT_row4, mlp_XT_row5, &
+        & mlp_dV_panel_row, mlp_dV_row, mlp_dF_panel_row, dy_row, mlp_HT_row0, mlp_HT_row1, &
+        & mlp_HT_row2, mlp_HT_row3, mlp_HT_row4, mlp_HT_row5, out_WoT_panel_row, out_WoT_row, &
+        & dresid_row0, dresid_row1, dresid_row2, dresid_row3, dresid_row4, dresid_row5, &
+        & dattn_row, out_dY_panel_row, dresid_row, attn_row, attn_dQ_part_row, attn_Q_panel_row, &
+        & attn_dO_panel_row, Q_row, attn_dQ_part_row0, attn_dQ_part_row1, Q_row0, Q_row1, &
+        & dattn_row0, dattn_row1, dQ_row, qkv_WqT_panel_row, qkv_WqT_row, qkv_WkT_panel_row, &
+        & qkv_WkT_row, qkv_WvT_panel_row, qkv_WvT_row, dQ_row0, dQ_row1, dQ_row2, dQ_row3, &
+        & dQ_row4, dQ_row5, dK_row0, dK_row1, dK_row2, dK_row3, dK_row4, dK_row5, dV_row0, &
+        & dV_row1, dV_row2, dV_row3, dV_row4, dV_row5, dK_row, dV_row, qkv_dQ_panel_row, &
+        & qkv_dK_panel_row, qkv_dV_panel_row
     real(c_float) :: inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, acc_0_14, acc_0_15, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_1_8, &
@@ -7796,8 +7590,8 @@ contains
         & acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
         & acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, acc_4_13, acc_4_14, &
         & acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, &
-        & acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15, dfwd, xu, &
-        & t2, t3, t, acc, over_b, total, dweight_sum, dywo, ody, rowdot, qk_0_0, qk_0_1, qk_0_2, &
+        & acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, acc_5_15, dfwd, t2, &
+        & t3, t, acc, over_b, total, dweight_sum, dywo, ody, rowdot, qk_0_0, qk_0_1, qk_0_2, &
         & qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, &
         & qk_0_13, qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, &
         & qk_1_7, qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, &
@@ -8227,373 +8021,22 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
-    ! for e_tile (parallel) / c / lane (simd)
-    !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_Wu_panel_row)
-    do e_tile = 0, ((dff) / 16) - 1
-      do c = 0, dm - 1
-        mlp_Wu_panel_row = 16*c + 16*dm*e_tile
-        !$omp simd
-        do lane = 0, 15
-          mlp_Wu_panel(mlp_Wu_panel_row + lane) = Wu(c*dff + 16*e_tile + lane)
-        end do
-      end do
-    end do
-    !$omp end parallel do
-    ! mlp.V: scratch mlp_V, xn2, mlp_Wu_panel
-    ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
-    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, xn2_row0, xn2_row1, &
-    !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
-    !$omp& acc_0_5, acc_0_6, acc_0_7, acc_0_8, acc_0_9, acc_0_10, acc_0_11, acc_0_12, acc_0_13, &
-    !$omp& acc_0_14, acc_0_15, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
-    !$omp& acc_1_7, acc_1_8, acc_1_9, acc_1_10, acc_1_11, acc_1_12, acc_1_13, acc_1_14, acc_1_15, &
-    !$omp& acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_2_8, &
-    !$omp& acc_2_9, acc_2_10, acc_2_11, acc_2_12, acc_2_13, acc_2_14, acc_2_15, acc_3_0, acc_3_1, &
-    !$omp& acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_3_8, acc_3_9, acc_3_10, &
-    !$omp& acc_3_11, acc_3_12, acc_3_13, acc_3_14, acc_3_15, acc_4_0, acc_4_1, acc_4_2, acc_4_3, &
-    !$omp& acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_4_8, acc_4_9, acc_4_10, acc_4_11, acc_4_12, &
-    !$omp& acc_4_13, acc_4_14, acc_4_15, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, &
-    !$omp& acc_5_6, acc_5_7, acc_5_8, acc_5_9, acc_5_10, acc_5_11, acc_5_12, acc_5_13, acc_5_14, &
-    !$omp& acc_5_15)
-    do b = 0, batch - 1
-      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
-        do e_tile = 0, ((dff) / 16) - 1
-          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
-            xn2_row0 = dm*(b*n + min(6*i_tile, n - 1))
-            xn2_row1 = dm*(b*n + min(n - 1, 6*i_tile + 1))
-            xn2_row2 = dm*(b*n + min(n - 1, 6*i_tile + 2))
-            xn2_row3 = dm*(b*n + min(n - 1, 6*i_tile + 3))
-            xn2_row4 = dm*(b*n + min(n - 1, 6*i_tile + 4))
-            xn2_row5 = dm*(b*n + min(n - 1, 6*i_tile + 5))
-            acc_0_0 = 0.0_c_float
-            acc_0_1 = 0.0_c_float
-            acc_0_2 = 0.0_c_float
-            acc_0_3 = 0.0_c_float
-            acc_0_4 = 0.0_c_float
-            acc_0_5 = 0.0_c_float
-            acc_0_6 = 0.0_c_float
-            acc_0_7 = 0.0_c_float
-            acc_0_8 = 0.0_c_float
-            acc_0_9 = 0.0_c_float
-            acc_0_10 = 0.0_c_float
-            acc_0_11 = 0.0_c_float
-            acc_0_12 = 0.0_c_float
-            acc_0_13 = 0.0_c_float
-            acc_0_14 = 0.0_c_float
-            acc_0_15 = 0.0_c_float
-            acc_1_0 = 0.0_c_float
-            acc_1_1 = 0.0_c_float
-            acc_1_2 = 0.0_c_float
-            acc_1_3 = 0.0_c_float
-            acc_1_4 = 0.0_c_float
-            acc_1_5 = 0.0_c_float
-            acc_1_6 = 0.0_c_float
-            acc_1_7 = 0.0_c_float
-            acc_1_8 = 0.0_c_float
-            acc_1_9 = 0.0_c_float
-            acc_1_10 = 0.0_c_float
-            acc_1_11 = 0.0_c_float
-            acc_1_12 = 0.0_c_float
-            acc_1_13 = 0.0_c_float
-            acc_1_14 = 0.0_c_float
-            acc_1_15 = 0.0_c_float
-            acc_2_0 = 0.0_c_float
-            acc_2_1 = 0.0_c_float
-            acc_2_2 = 0.0_c_float
-            acc_2_3 = 0.0_c_float
-            acc_2_4 = 0.0_c_float
-            acc_2_5 = 0.0_c_float
-            acc_2_6 = 0.0_c_float
-            acc_2_7 = 0.0_c_float
-            acc_2_8 = 0.0_c_float
-            acc_2_9 = 0.0_c_float
-            acc_2_10 = 0.0_c_float
-            acc_2_11 = 0.0_c_float
-            acc_2_12 = 0.0_c_float
-            acc_2_13 = 0.0_c_float
-            acc_2_14 = 0.0_c_float
-            acc_2_15 = 0.0_c_float
-            acc_3_0 = 0.0_c_float
-            acc_3_1 = 0.0_c_float
-            acc_3_2 = 0.0_c_float
-            acc_3_3 = 0.0_c_float
-            acc_3_4 = 0.0_c_float
-            acc_3_5 = 0.0_c_float
-            acc_3_6 = 0.0_c_float
-            acc_3_7 = 0.0_c_float
-            acc_3_8 = 0.0_c_float
-            acc_3_9 = 0.0_c_float
-            acc_3_10 = 0.0_c_float
-            acc_3_11 = 0.0_c_float
-            acc_3_12 = 0.0_c_float
-            acc_3_13 = 0.0_c_float
-            acc_3_14 = 0.0_c_float
-            acc_3_15 = 0.0_c_float
-            acc_4_0 = 0.0_c_float
-            acc_4_1 = 0.0_c_float
-            acc_4_2 = 0.0_c_float
-            acc_4_3 = 0.0_c_float
-            acc_4_4 = 0.0_c_float
-            acc_4_5 = 0.0_c_float
-            acc_4_6 = 0.0_c_float
-            acc_4_7 = 0.0_c_float
-            acc_4_8 = 0.0_c_float
-            acc_4_9 = 0.0_c_float
-            acc_4_10 = 0.0_c_float
-            acc_4_11 = 0.0_c_float
-            acc_4_12 = 0.0_c_float
-            acc_4_13 = 0.0_c_float
-            acc_4_14 = 0.0_c_float
-            acc_4_15 = 0.0_c_float
-            acc_5_0 = 0.0_c_float
-            acc_5_1 = 0.0_c_float
-            acc_5_2 = 0.0_c_float
-            acc_5_3 = 0.0_c_float
-            acc_5_4 = 0.0_c_float
-            acc_5_5 = 0.0_c_float
-            acc_5_6 = 0.0_c_float
-            acc_5_7 = 0.0_c_float
-            acc_5_8 = 0.0_c_float
-            acc_5_9 = 0.0_c_float
-            acc_5_10 = 0.0_c_float
-            acc_5_11 = 0.0_c_float
-            acc_5_12 = 0.0_c_float
-            acc_5_13 = 0.0_c_float
-            acc_5_14 = 0.0_c_float
-            acc_5_15 = 0.0_c_float
-            !GCC$ novector
-            do c = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
-              acc_0_1 = acc_0_1 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
-              acc_0_2 = acc_0_2 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
-              acc_0_3 = acc_0_3 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
-              acc_0_4 = acc_0_4 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
-              acc_0_5 = acc_0_5 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
-              acc_0_6 = acc_0_6 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
-              acc_0_7 = acc_0_7 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
-              acc_0_8 = acc_0_8 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
-              acc_0_9 = acc_0_9 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
-              acc_0_10 = acc_0_10 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
-              acc_0_11 = acc_0_11 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
-              acc_0_12 = acc_0_12 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
-              acc_0_13 = acc_0_13 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
-              acc_0_14 = acc_0_14 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
-              acc_0_15 = acc_0_15 + xn2(xn2_row0 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
-              acc_1_0 = acc_1_0 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
-              acc_1_1 = acc_1_1 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
-              acc_1_2 = acc_1_2 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
-              acc_1_3 = acc_1_3 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
-              acc_1_4 = acc_1_4 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
-              acc_1_5 = acc_1_5 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
-              acc_1_6 = acc_1_6 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
-              acc_1_7 = acc_1_7 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
-              acc_1_8 = acc_1_8 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
-              acc_1_9 = acc_1_9 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
-              acc_1_10 = acc_1_10 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
-              acc_1_11 = acc_1_11 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
-              acc_1_12 = acc_1_12 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
-              acc_1_13 = acc_1_13 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
-              acc_1_14 = acc_1_14 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
-              acc_1_15 = acc_1_15 + xn2(xn2_row1 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
-              acc_2_0 = acc_2_0 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
-              acc_2_1 = acc_2_1 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
-              acc_2_2 = acc_2_2 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
-              acc_2_3 = acc_2_3 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
-              acc_2_4 = acc_2_4 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
-              acc_2_5 = acc_2_5 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
-              acc_2_6 = acc_2_6 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
-              acc_2_7 = acc_2_7 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
-              acc_2_8 = acc_2_8 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
-              acc_2_9 = acc_2_9 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
-              acc_2_10 = acc_2_10 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
-              acc_2_11 = acc_2_11 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
-              acc_2_12 = acc_2_12 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
-              acc_2_13 = acc_2_13 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
-              acc_2_14 = acc_2_14 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
-              acc_2_15 = acc_2_15 + xn2(xn2_row2 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
-              acc_3_0 = acc_3_0 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
-              acc_3_1 = acc_3_1 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
-              acc_3_2 = acc_3_2 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
-              acc_3_3 = acc_3_3 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
-              acc_3_4 = acc_3_4 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
-              acc_3_5 = acc_3_5 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
-              acc_3_6 = acc_3_6 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
-              acc_3_7 = acc_3_7 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
-              acc_3_8 = acc_3_8 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
-              acc_3_9 = acc_3_9 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
-              acc_3_10 = acc_3_10 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
-              acc_3_11 = acc_3_11 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
-              acc_3_12 = acc_3_12 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
-              acc_3_13 = acc_3_13 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
-              acc_3_14 = acc_3_14 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
-              acc_3_15 = acc_3_15 + xn2(xn2_row3 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
-              acc_4_0 = acc_4_0 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
-              acc_4_1 = acc_4_1 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
-              acc_4_2 = acc_4_2 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
-              acc_4_3 = acc_4_3 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
-              acc_4_4 = acc_4_4 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
-              acc_4_5 = acc_4_5 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
-              acc_4_6 = acc_4_6 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
-              acc_4_7 = acc_4_7 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
-              acc_4_8 = acc_4_8 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
-              acc_4_9 = acc_4_9 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
-              acc_4_10 = acc_4_10 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
-              acc_4_11 = acc_4_11 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
-              acc_4_12 = acc_4_12 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
-              acc_4_13 = acc_4_13 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
-              acc_4_14 = acc_4_14 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
-              acc_4_15 = acc_4_15 + xn2(xn2_row4 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
-              acc_5_0 = acc_5_0 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile)
-              acc_5_1 = acc_5_1 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 1)
-              acc_5_2 = acc_5_2 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 2)
-              acc_5_3 = acc_5_3 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 3)
-              acc_5_4 = acc_5_4 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 4)
-              acc_5_5 = acc_5_5 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 5)
-              acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 6)
-              acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 7)
-              acc_5_8 = acc_5_8 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 8)
-              acc_5_9 = acc_5_9 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 9)
-              acc_5_10 = acc_5_10 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 10)
-              acc_5_11 = acc_5_11 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 11)
-              acc_5_12 = acc_5_12 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 12)
-              acc_5_13 = acc_5_13 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 13)
-              acc_5_14 = acc_5_14 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
-              acc_5_15 = acc_5_15 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
-            end do
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile) = acc_0_0
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 1) = acc_0_1
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 2) = acc_0_2
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 3) = acc_0_3
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 4) = acc_0_4
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 5) = acc_0_5
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 6) = acc_0_6
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 7) = acc_0_7
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 8) = acc_0_8
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 9) = acc_0_9
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 10) = acc_0_10
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 11) = acc_0_11
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 12) = acc_0_12
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 13) = acc_0_13
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 14) = acc_0_14
-            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 15) = acc_0_15
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile) = acc_1_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 1) = acc_1_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 2) = acc_1_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 3) = acc_1_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 4) = acc_1_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 5) = acc_1_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 6) = acc_1_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 7) = acc_1_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 8) = acc_1_8
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 9) = acc_1_9
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 10) = acc_1_10
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 11) = acc_1_11
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 12) = acc_1_12
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 13) = acc_1_13
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 14) = acc_1_14
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 15) = acc_1_15
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile) = acc_2_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 1) = acc_2_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 2) = acc_2_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 3) = acc_2_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 4) = acc_2_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 5) = acc_2_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 6) = acc_2_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 7) = acc_2_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 8) = acc_2_8
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 9) = acc_2_9
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 10) = acc_2_10
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 11) = acc_2_11
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 12) = acc_2_12
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 13) = acc_2_13
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 14) = acc_2_14
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 15) = acc_2_15
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile) = acc_3_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 1) = acc_3_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 2) = acc_3_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 3) = acc_3_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 4) = acc_3_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 5) = acc_3_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 6) = acc_3_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 7) = acc_3_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 8) = acc_3_8
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 9) = acc_3_9
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 10) = acc_3_10
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 11) = acc_3_11
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 12) = acc_3_12
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 13) = acc_3_13
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 14) = acc_3_14
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 15) = acc_3_15
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile) = acc_4_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 1) = acc_4_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 2) = acc_4_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 3) = acc_4_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 4) = acc_4_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 5) = acc_4_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 6) = acc_4_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 7) = acc_4_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 8) = acc_4_8
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 9) = acc_4_9
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 10) = acc_4_10
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 11) = acc_4_11
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 12) = acc_4_12
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 13) = acc_4_13
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 14) = acc_4_14
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 15) = acc_4_15
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile) = acc_5_0
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 1) = acc_5_1
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 2) = acc_5_2
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 3) = acc_5_3
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 4) = acc_5_4
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 5) = acc_5_5
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 6) = acc_5_6
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 7) = acc_5_7
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 8) = acc_5_8
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 9) = acc_5_9
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 10) = acc_5_10
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 11) = acc_5_11
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 12) = acc_5_12
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 13) = acc_5_13
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 14) = acc_5_14
-            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 15) = acc_5_15
-          end do
-        end do
-      end do
-    end do
-    !$omp end parallel do
-    ! mlp.V.edge: reads Wu; scratch mlp_V, xn2
-    ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
-    do b = 0, batch - 1
-      do i = 0, n - 1
-        do e = 16*((dff) / 16), dff - 1
-          xu = 0.0_c_float
-          !$omp simd reduction(+:xu)
-          do c = 0, dm - 1
-            xu = xu + xn2(c + dm*(b*n + i)) * Wu(c*dff + e)
-          end do
-          mlp_V(dff*(b*n + i) + e) = xu
-        end do
-      end do
-    end do
-    !$omp end parallel do
-    ! mlp.dU_dV_H: reads U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH, mlp_V
+    ! mlp.dU_dV_H: reads Vu, U; scratch mlp_dU, mlp_dV, mlp_H, mlp_dH
     ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, mlp_dH_row, mlp_V_row, U_row, t2, &
-    !$omp& t3, t)
+    !$omp parallel do collapse(2) schedule(static) private(e, mlp_dH_row, Vu_row, U_row, t2, t3, t)
     do b = 0, batch - 1
       do i = 0, n - 1
         mlp_dH_row = dff*(b*n + i)
-        mlp_V_row = dff*(b*n + i)
+        Vu_row = dff*(b*n + i)
         U_row = dff*(b*n + i)
         !$omp simd
         do e = 0, dff - 1
-          t2 = mlp_dH(mlp_dH_row + e) * mlp_V(mlp_V_row + e)
+          t2 = mlp_dH(mlp_dH_row + e) * Vu(Vu_row + e)
           t3 = 1.0_c_float / (1.0_c_float + exp(-U(U_row + e)))
           mlp_dU(dff*(b*n + i) + e) = t2 * U(U_row + e) * t3 * (1.0_c_float - t3) + t2 * t3
           t = U(U_row + e) * t3
           mlp_dV(dff*(b*n + i) + e) = mlp_dH(mlp_dH_row + e) * t
-          mlp_H(dff*(b*n + i) + e) = t * mlp_V(mlp_V_row + e)
+          mlp_H(dff*(b*n + i) + e) = t * Vu(Vu_row + e)
         end do
       end do
     end do

@@ -49,8 +49,8 @@
  * stage norm2: rmsnorm_fwd dnf
  * stage mlp: mlp_fwd tiled
  * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
- * H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U))
- *              * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
  * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
  * stage add: residual_add dnf
  * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
@@ -91,6 +91,7 @@ void block_fwd_causal_composed_f64(
     double *restrict resid,
     double *restrict inv_rms2,
     double *restrict U,
+    double *restrict Vu,
     double *restrict xn1,
     double *restrict xn2,
     double *restrict mlp_out,
@@ -3185,7 +3186,7 @@ void block_fwd_causal_composed_f64(
             }
         }
     }
-    /* mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+    /* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
      * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
@@ -3198,7 +3199,7 @@ void block_fwd_causal_composed_f64(
             }
         }
     }
-    /* mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+    /* mlp.V: writes Vu; scratch xn2, mlp_Wu_panel
      * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -3311,86 +3312,84 @@ void block_fwd_causal_composed_f64(
                         acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
                         acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
                     }
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
                 }
             }
         }
     }
-    /* mlp.H.pointwise: reads U; scratch mlp_H
-     * for b, i (parallel) / e (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_H_row = dff*(b*n + i);
-            const int64_t U_row = dff*(b*n + i);
-            #pragma omp simd
-            for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-                mlp_H[mlp_H_row + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * mlp_H[mlp_H_row + e];
-            }
-        }
-    }
-    /* mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+    /* mlp.V.edge: writes Vu; reads Wu; scratch xn2
      * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
-            const int64_t U_row = dff*(b*n + i);
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 double xu = 0.0;
                 #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
-                mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * xu;
+                Vu[dff*(b*n + i) + e] = xu;
+            }
+        }
+    }
+    /* mlp.H: reads U, Vu; scratch mlp_H
+     * for b, i (parallel) / e (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t U_row = dff*(b*n + i);
+            #pragma omp simd
+            for (int64_t e = 0; e < dff; ++e) {
+                mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * Vu[dff*(b*n + i) + e];
             }
         }
     }
@@ -3623,6 +3622,7 @@ void block_fwd_causal_composed_f32(
     float *restrict resid,
     float *restrict inv_rms2,
     float *restrict U,
+    float *restrict Vu,
     float *restrict xn1,
     float *restrict xn2,
     float *restrict mlp_out,
@@ -8397,7 +8397,7 @@ void block_fwd_causal_composed_f32(
             }
         }
     }
-    /* mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+    /* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
      * for e_tile (parallel) / c / lane (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
@@ -8410,7 +8410,7 @@ void block_fwd_causal_composed_f32(
             }
         }
     }
-    /* mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+    /* mlp.V: writes Vu; scratch xn2, mlp_Wu_panel
      * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
      */
     #pragma omp parallel for collapse(2) schedule(static)
@@ -8619,134 +8619,132 @@ void block_fwd_causal_composed_f32(
                         acc_5_14 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 14];
                         acc_5_15 += xn2[xn2_row5 + c] * mlp_Wu_panel[16*c + 16*dm*e_tile + 15];
                     }
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile] = acc_0_0;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 1] = acc_0_1;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 2] = acc_0_2;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 3] = acc_0_3;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 4] = acc_0_4;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 5] = acc_0_5;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 6] = acc_0_6;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 7] = acc_0_7;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 8] = acc_0_8;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 9] = acc_0_9;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 10] = acc_0_10;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 11] = acc_0_11;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 12] = acc_0_12;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 13] = acc_0_13;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 14] = acc_0_14;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 15] = acc_0_15;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile] = acc_1_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 1] = acc_1_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 2] = acc_1_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 3] = acc_1_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 4] = acc_1_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 5] = acc_1_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 6] = acc_1_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 7] = acc_1_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 8] = acc_1_8;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 9] = acc_1_9;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 10] = acc_1_10;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 11] = acc_1_11;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 12] = acc_1_12;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 13] = acc_1_13;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 14] = acc_1_14;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 15] = acc_1_15;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile] = acc_2_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 1] = acc_2_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 2] = acc_2_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 3] = acc_2_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 4] = acc_2_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 5] = acc_2_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 6] = acc_2_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 7] = acc_2_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 8] = acc_2_8;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 9] = acc_2_9;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 10] = acc_2_10;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 11] = acc_2_11;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 12] = acc_2_12;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 13] = acc_2_13;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 14] = acc_2_14;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 15] = acc_2_15;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile] = acc_3_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 1] = acc_3_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 2] = acc_3_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 3] = acc_3_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 4] = acc_3_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 5] = acc_3_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 6] = acc_3_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 7] = acc_3_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 8] = acc_3_8;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 9] = acc_3_9;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 10] = acc_3_10;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 11] = acc_3_11;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 12] = acc_3_12;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 13] = acc_3_13;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 14] = acc_3_14;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 15] = acc_3_15;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile] = acc_4_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 1] = acc_4_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 2] = acc_4_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 3] = acc_4_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 4] = acc_4_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 5] = acc_4_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 6] = acc_4_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 7] = acc_4_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 8] = acc_4_8;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 9] = acc_4_9;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 10] = acc_4_10;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 11] = acc_4_11;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 12] = acc_4_12;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 13] = acc_4_13;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 14] = acc_4_14;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 15] = acc_4_15;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile] = acc_5_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 1] = acc_5_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 2] = acc_5_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 3] = acc_5_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 4] = acc_5_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 5] = acc_5_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 6] = acc_5_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 7] = acc_5_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 8] = acc_5_8;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 9] = acc_5_9;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 10] = acc_5_10;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 11] = acc_5_11;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 12] = acc_5_12;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 13] = acc_5_13;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 14] = acc_5_14;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 15] = acc_5_15;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile] = acc_0_0;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 1] = acc_0_1;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 2] = acc_0_2;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 3] = acc_0_3;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 4] = acc_0_4;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 5] = acc_0_5;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 6] = acc_0_6;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 7] = acc_0_7;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 8] = acc_0_8;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 9] = acc_0_9;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 10] = acc_0_10;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 11] = acc_0_11;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 12] = acc_0_12;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 13] = acc_0_13;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 14] = acc_0_14;
+                    Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 16*e_tile + 15] = acc_0_15;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile] = acc_1_0;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 1] = acc_1_1;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 2] = acc_1_2;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 3] = acc_1_3;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 4] = acc_1_4;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 5] = acc_1_5;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 6] = acc_1_6;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 7] = acc_1_7;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 8] = acc_1_8;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 9] = acc_1_9;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 10] = acc_1_10;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 11] = acc_1_11;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 12] = acc_1_12;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 13] = acc_1_13;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 14] = acc_1_14;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 16*e_tile + 15] = acc_1_15;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile] = acc_2_0;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 1] = acc_2_1;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 2] = acc_2_2;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 3] = acc_2_3;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 4] = acc_2_4;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 5] = acc_2_5;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 6] = acc_2_6;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 7] = acc_2_7;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 8] = acc_2_8;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 9] = acc_2_9;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 10] = acc_2_10;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 11] = acc_2_11;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 12] = acc_2_12;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 13] = acc_2_13;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 14] = acc_2_14;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 16*e_tile + 15] = acc_2_15;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile] = acc_3_0;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 1] = acc_3_1;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 2] = acc_3_2;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 3] = acc_3_3;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 4] = acc_3_4;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 5] = acc_3_5;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 6] = acc_3_6;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 7] = acc_3_7;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 8] = acc_3_8;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 9] = acc_3_9;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 10] = acc_3_10;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 11] = acc_3_11;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 12] = acc_3_12;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 13] = acc_3_13;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 14] = acc_3_14;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 16*e_tile + 15] = acc_3_15;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile] = acc_4_0;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 1] = acc_4_1;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 2] = acc_4_2;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 3] = acc_4_3;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 4] = acc_4_4;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 5] = acc_4_5;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 6] = acc_4_6;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 7] = acc_4_7;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 8] = acc_4_8;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 9] = acc_4_9;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 10] = acc_4_10;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 11] = acc_4_11;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 12] = acc_4_12;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 13] = acc_4_13;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 14] = acc_4_14;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 16*e_tile + 15] = acc_4_15;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile] = acc_5_0;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 1] = acc_5_1;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 2] = acc_5_2;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 3] = acc_5_3;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 4] = acc_5_4;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 5] = acc_5_5;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 6] = acc_5_6;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 7] = acc_5_7;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 8] = acc_5_8;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 9] = acc_5_9;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 10] = acc_5_10;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 11] = acc_5_11;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 12] = acc_5_12;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 13] = acc_5_13;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 14] = acc_5_14;
+                    Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 16*e_tile + 15] = acc_5_15;
                 }
             }
         }
     }
-    /* mlp.H.pointwise: reads U; scratch mlp_H
-     * for b, i (parallel) / e (simd)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t mlp_H_row = dff*(b*n + i);
-            const int64_t U_row = dff*(b*n + i);
-            #pragma omp simd
-            for (int64_t e = 0; e < 16*((dff) / 16); ++e) {
-                mlp_H[mlp_H_row + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * mlp_H[mlp_H_row + e];
-            }
-        }
-    }
-    /* mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+    /* mlp.V.edge: writes Vu; reads Wu; scratch xn2
      * for b, i (parallel) / e / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
-            const int64_t U_row = dff*(b*n + i);
             for (int64_t e = 16*((dff) / 16); e < dff; ++e) {
                 float xu = 0.0f;
                 #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
-                mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * xu;
+                Vu[dff*(b*n + i) + e] = xu;
+            }
+        }
+    }
+    /* mlp.H: reads U, Vu; scratch mlp_H
+     * for b, i (parallel) / e (simd)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t U_row = dff*(b*n + i);
+            #pragma omp simd
+            for (int64_t e = 0; e < dff; ++e) {
+                mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * Vu[dff*(b*n + i) + e];
             }
         }
     }

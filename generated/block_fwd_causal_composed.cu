@@ -49,8 +49,8 @@
  * stage norm2: rmsnorm_fwd dnf
  * stage mlp: mlp_fwd tiled
  * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
- * H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U))
- *              * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
  * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
  * stage add: residual_add dnf
  * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
@@ -115,6 +115,7 @@ __global__ void block_fwd_causal_composed_f64_norm1_rows(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -180,6 +181,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_Q_pack_Wq(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -241,6 +243,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_Q(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -449,6 +452,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_Q_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -511,6 +515,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_K_pack_Wk(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -572,6 +577,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_K(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -780,6 +786,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_K_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -842,6 +849,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_V_pack_Wv(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -903,6 +911,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_V(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -1111,6 +1120,7 @@ __global__ void block_fwd_causal_composed_f64_qkv_V_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -1173,6 +1183,7 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_pack_K(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -1234,6 +1245,7 @@ __global__ void block_fwd_causal_composed_f64_attn_rows(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -1872,6 +1884,7 @@ __global__ void block_fwd_causal_composed_f64_attn_rows_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2005,6 +2018,7 @@ __global__ void block_fwd_causal_composed_f64_out_Y_pack_Wo(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2066,6 +2080,7 @@ __global__ void block_fwd_causal_composed_f64_out_Y(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2275,6 +2290,7 @@ __global__ void block_fwd_causal_composed_f64_out_Y_pointwise(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2332,6 +2348,7 @@ __global__ void block_fwd_causal_composed_f64_out_Y_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2397,6 +2414,7 @@ __global__ void block_fwd_causal_composed_f64_norm2_rows(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2462,6 +2480,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_U_pack_Wg(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2520,6 +2539,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_U(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2729,6 +2749,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_U_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2765,10 +2786,10 @@ __global__ void block_fwd_causal_composed_f64_mlp_U_edge(
     }
 }
 
-/* mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+/* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
  * for e_tile (parallel) / c / lane (simd)
  */
-__global__ void block_fwd_causal_composed_f64_mlp_H_pack_Wu(
+__global__ void block_fwd_causal_composed_f64_mlp_V_pack_Wu(
     const double *__restrict__ x,
     const double *__restrict__ norm1,
     const double *__restrict__ Wq,
@@ -2789,6 +2810,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_H_pack_Wu(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2823,10 +2845,10 @@ __global__ void block_fwd_causal_composed_f64_mlp_H_pack_Wu(
     }
 }
 
-/* mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+/* mlp.V: writes Vu; scratch xn2, mlp_Wu_panel
  * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
-__global__ void block_fwd_causal_composed_f64_mlp_H(
+__global__ void block_fwd_causal_composed_f64_mlp_V(
     const double *__restrict__ x,
     const double *__restrict__ norm1,
     const double *__restrict__ Wq,
@@ -2847,6 +2869,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_H(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2980,120 +3003,62 @@ __global__ void block_fwd_causal_composed_f64_mlp_H(
                 acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
                 acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
             }
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
         }
     }
 }
 
-/* mlp.H.pointwise: reads U; scratch mlp_H
- * for b, i (parallel) / e (simd)
- */
-__global__ void block_fwd_causal_composed_f64_mlp_H_pointwise(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    const int64_t mlp_H_row = dff*(b*n + i);
-    const int64_t U_row = dff*(b*n + i);
-    for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-        mlp_H[mlp_H_row + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * mlp_H[mlp_H_row + e];
-    }
-}
-
-/* mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+/* mlp.V.edge: writes Vu; reads Wu; scratch xn2
  * for b, i (parallel) / e / c (simd)
  */
-__global__ void block_fwd_causal_composed_f64_mlp_H_edge(
+__global__ void block_fwd_causal_composed_f64_mlp_V_edge(
     const double *__restrict__ x,
     const double *__restrict__ norm1,
     const double *__restrict__ Wq,
@@ -3114,6 +3079,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_H_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -3141,13 +3107,70 @@ __global__ void block_fwd_causal_composed_f64_mlp_H_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
         double xu = 0.0;
         for (int64_t c = 0; c < dm; ++c) {
             xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
         }
-        mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * xu;
+        Vu[dff*(b*n + i) + e] = xu;
+    }
+}
+
+/* mlp.H: reads U, Vu; scratch mlp_H
+ * for b, i (parallel) / e (simd)
+ */
+__global__ void block_fwd_causal_composed_f64_mlp_H(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ Vu,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
+    double *__restrict__ attn_K_panel,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*n) return;
+    const int64_t i = tid % n;
+    const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
+    for (int64_t e = 0; e < dff; ++e) {
+        mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * Vu[dff*(b*n + i) + e];
     }
 }
 
@@ -3175,6 +3198,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_F_pack_Wd(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -3233,6 +3257,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_F(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -3442,6 +3467,7 @@ __global__ void block_fwd_causal_composed_f64_mlp_F_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -3502,6 +3528,7 @@ __global__ void block_fwd_causal_composed_f64_add_y(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -3557,6 +3584,7 @@ extern "C" int block_fwd_causal_composed_f64(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -3584,7 +3612,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_norm1_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3593,7 +3621,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3602,7 +3630,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3611,7 +3639,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3620,7 +3648,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3629,7 +3657,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3638,7 +3666,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3647,7 +3675,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3656,7 +3684,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3665,7 +3693,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3674,7 +3702,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3683,7 +3711,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3692,7 +3720,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3701,7 +3729,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3710,7 +3738,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3719,7 +3747,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3728,7 +3756,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3737,7 +3765,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_norm2_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3746,7 +3774,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3755,7 +3783,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3764,7 +3792,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3772,8 +3800,8 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_H_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3781,26 +3809,26 @@ extern "C" int block_fwd_causal_composed_f64(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*n, threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*n, threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = batch*n, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_H_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = batch*n, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_H_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3809,7 +3837,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3818,7 +3846,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3827,7 +3855,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3836,7 +3864,7 @@ extern "C" int block_fwd_causal_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f64_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3868,6 +3896,7 @@ __global__ void block_fwd_causal_composed_f32_norm1_rows(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -3933,6 +3962,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_Q_pack_Wq(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -3994,6 +4024,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_Q(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4202,6 +4233,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_Q_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4264,6 +4296,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_K_pack_Wk(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4325,6 +4358,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_K(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4533,6 +4567,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_K_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4595,6 +4630,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_V_pack_Wv(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4656,6 +4692,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_V(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4864,6 +4901,7 @@ __global__ void block_fwd_causal_composed_f32_qkv_V_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4926,6 +4964,7 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_pack_K(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4987,6 +5026,7 @@ __global__ void block_fwd_causal_composed_f32_attn_rows(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5625,6 +5665,7 @@ __global__ void block_fwd_causal_composed_f32_attn_rows_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5758,6 +5799,7 @@ __global__ void block_fwd_causal_composed_f32_out_Y_pack_Wo(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5819,6 +5861,7 @@ __global__ void block_fwd_causal_composed_f32_out_Y(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6028,6 +6071,7 @@ __global__ void block_fwd_causal_composed_f32_out_Y_pointwise(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6085,6 +6129,7 @@ __global__ void block_fwd_causal_composed_f32_out_Y_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6150,6 +6195,7 @@ __global__ void block_fwd_causal_composed_f32_norm2_rows(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6215,6 +6261,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_U_pack_Wg(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6273,6 +6320,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_U(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6482,6 +6530,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_U_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6518,10 +6567,10 @@ __global__ void block_fwd_causal_composed_f32_mlp_U_edge(
     }
 }
 
-/* mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+/* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
  * for e_tile (parallel) / c / lane (simd)
  */
-__global__ void block_fwd_causal_composed_f32_mlp_H_pack_Wu(
+__global__ void block_fwd_causal_composed_f32_mlp_V_pack_Wu(
     const float *__restrict__ x,
     const float *__restrict__ norm1,
     const float *__restrict__ Wq,
@@ -6542,6 +6591,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_H_pack_Wu(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6576,10 +6626,10 @@ __global__ void block_fwd_causal_composed_f32_mlp_H_pack_Wu(
     }
 }
 
-/* mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+/* mlp.V: writes Vu; scratch xn2, mlp_Wu_panel
  * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
-__global__ void block_fwd_causal_composed_f32_mlp_H(
+__global__ void block_fwd_causal_composed_f32_mlp_V(
     const float *__restrict__ x,
     const float *__restrict__ norm1,
     const float *__restrict__ Wq,
@@ -6600,6 +6650,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_H(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6733,120 +6784,62 @@ __global__ void block_fwd_causal_composed_f32_mlp_H(
                 acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
                 acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
             }
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
         }
     }
 }
 
-/* mlp.H.pointwise: reads U; scratch mlp_H
- * for b, i (parallel) / e (simd)
- */
-__global__ void block_fwd_causal_composed_f32_mlp_H_pointwise(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    const int64_t mlp_H_row = dff*(b*n + i);
-    const int64_t U_row = dff*(b*n + i);
-    for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-        mlp_H[mlp_H_row + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * mlp_H[mlp_H_row + e];
-    }
-}
-
-/* mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+/* mlp.V.edge: writes Vu; reads Wu; scratch xn2
  * for b, i (parallel) / e / c (simd)
  */
-__global__ void block_fwd_causal_composed_f32_mlp_H_edge(
+__global__ void block_fwd_causal_composed_f32_mlp_V_edge(
     const float *__restrict__ x,
     const float *__restrict__ norm1,
     const float *__restrict__ Wq,
@@ -6867,6 +6860,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_H_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6894,13 +6888,70 @@ __global__ void block_fwd_causal_composed_f32_mlp_H_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
         float xu = 0.0f;
         for (int64_t c = 0; c < dm; ++c) {
             xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
         }
-        mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * xu;
+        Vu[dff*(b*n + i) + e] = xu;
+    }
+}
+
+/* mlp.H: reads U, Vu; scratch mlp_H
+ * for b, i (parallel) / e (simd)
+ */
+__global__ void block_fwd_causal_composed_f32_mlp_H(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ Vu,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
+    float *__restrict__ attn_K_panel,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*n) return;
+    const int64_t i = tid % n;
+    const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
+    for (int64_t e = 0; e < dff; ++e) {
+        mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * Vu[dff*(b*n + i) + e];
     }
 }
 
@@ -6928,6 +6979,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_F_pack_Wd(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6986,6 +7038,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_F(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -7195,6 +7248,7 @@ __global__ void block_fwd_causal_composed_f32_mlp_F_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -7255,6 +7309,7 @@ __global__ void block_fwd_causal_composed_f32_add_y(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -7310,6 +7365,7 @@ extern "C" int block_fwd_causal_composed_f32(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -7337,7 +7393,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_norm1_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7346,7 +7402,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7355,7 +7411,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7364,7 +7420,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7373,7 +7429,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7382,7 +7438,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7391,7 +7447,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7400,7 +7456,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7409,7 +7465,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7418,7 +7474,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7427,7 +7483,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7436,7 +7492,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7445,7 +7501,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7454,7 +7510,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7463,7 +7519,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7472,7 +7528,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7481,7 +7537,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7490,7 +7546,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_norm2_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7499,7 +7555,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7508,7 +7564,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7517,7 +7573,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7525,8 +7581,8 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_H_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7534,26 +7590,26 @@ extern "C" int block_fwd_causal_composed_f32(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*n, threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*n, threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = batch*n, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_H_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = batch*n, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_H_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7562,7 +7618,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7571,7 +7627,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7580,7 +7636,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -7589,7 +7645,7 @@ extern "C" int block_fwd_causal_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_causal_composed_f32_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

@@ -53,8 +53,8 @@
  * stage norm2: rmsnorm_fwd dnf
  * stage mlp: mlp_fwd tiled
  * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
- * H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U))
- *              * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
  * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
  * stage add: residual_add dnf
  * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
@@ -119,6 +119,7 @@ __global__ void block_fwd_composed_f64_norm1_rows(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -184,6 +185,7 @@ __global__ void block_fwd_composed_f64_qkv_Q_pack_Wq(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -245,6 +247,7 @@ __global__ void block_fwd_composed_f64_qkv_Q(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -453,6 +456,7 @@ __global__ void block_fwd_composed_f64_qkv_Q_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -515,6 +519,7 @@ __global__ void block_fwd_composed_f64_qkv_K_pack_Wk(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -576,6 +581,7 @@ __global__ void block_fwd_composed_f64_qkv_K(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -784,6 +790,7 @@ __global__ void block_fwd_composed_f64_qkv_K_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -846,6 +853,7 @@ __global__ void block_fwd_composed_f64_qkv_V_pack_Wv(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -907,6 +915,7 @@ __global__ void block_fwd_composed_f64_qkv_V(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -1115,6 +1124,7 @@ __global__ void block_fwd_composed_f64_qkv_V_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -1177,6 +1187,7 @@ __global__ void block_fwd_composed_f64_attn_rows_pack_K(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -1238,6 +1249,7 @@ __global__ void block_fwd_composed_f64_attn_rows(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -1596,6 +1608,7 @@ __global__ void block_fwd_composed_f64_attn_rows_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -1694,6 +1707,7 @@ __global__ void block_fwd_composed_f64_out_Y_pack_Wo(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -1755,6 +1769,7 @@ __global__ void block_fwd_composed_f64_out_Y(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -1964,6 +1979,7 @@ __global__ void block_fwd_composed_f64_out_Y_pointwise(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2021,6 +2037,7 @@ __global__ void block_fwd_composed_f64_out_Y_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2086,6 +2103,7 @@ __global__ void block_fwd_composed_f64_norm2_rows(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2151,6 +2169,7 @@ __global__ void block_fwd_composed_f64_mlp_U_pack_Wg(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2209,6 +2228,7 @@ __global__ void block_fwd_composed_f64_mlp_U(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2418,6 +2438,7 @@ __global__ void block_fwd_composed_f64_mlp_U_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2454,10 +2475,10 @@ __global__ void block_fwd_composed_f64_mlp_U_edge(
     }
 }
 
-/* mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+/* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
  * for e_tile (parallel) / c / lane (simd)
  */
-__global__ void block_fwd_composed_f64_mlp_H_pack_Wu(
+__global__ void block_fwd_composed_f64_mlp_V_pack_Wu(
     const double *__restrict__ x,
     const double *__restrict__ norm1,
     const double *__restrict__ Wq,
@@ -2478,6 +2499,7 @@ __global__ void block_fwd_composed_f64_mlp_H_pack_Wu(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2512,10 +2534,10 @@ __global__ void block_fwd_composed_f64_mlp_H_pack_Wu(
     }
 }
 
-/* mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+/* mlp.V: writes Vu; scratch xn2, mlp_Wu_panel
  * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
-__global__ void block_fwd_composed_f64_mlp_H(
+__global__ void block_fwd_composed_f64_mlp_V(
     const double *__restrict__ x,
     const double *__restrict__ norm1,
     const double *__restrict__ Wq,
@@ -2536,6 +2558,7 @@ __global__ void block_fwd_composed_f64_mlp_H(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2669,120 +2692,62 @@ __global__ void block_fwd_composed_f64_mlp_H(
                 acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
                 acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
             }
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
         }
     }
 }
 
-/* mlp.H.pointwise: reads U; scratch mlp_H
- * for b, i (parallel) / e (simd)
- */
-__global__ void block_fwd_composed_f64_mlp_H_pointwise(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    double *__restrict__ y,
-    double *__restrict__ inv_rms1,
-    double *__restrict__ Q,
-    double *__restrict__ K,
-    double *__restrict__ V,
-    double *__restrict__ attn,
-    double *__restrict__ lse,
-    double *__restrict__ resid,
-    double *__restrict__ inv_rms2,
-    double *__restrict__ U,
-    double *__restrict__ xn1,
-    double *__restrict__ xn2,
-    double *__restrict__ mlp_out,
-    double *__restrict__ qkv_Wq_panel,
-    double *__restrict__ qkv_Wk_panel,
-    double *__restrict__ qkv_Wv_panel,
-    double *__restrict__ attn_probs,
-    double *__restrict__ attn_K_panel,
-    double *__restrict__ out_Wo_panel,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_Wg_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double eps,
-    double scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    const int64_t mlp_H_row = dff*(b*n + i);
-    const int64_t U_row = dff*(b*n + i);
-    for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-        mlp_H[mlp_H_row + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * mlp_H[mlp_H_row + e];
-    }
-}
-
-/* mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+/* mlp.V.edge: writes Vu; reads Wu; scratch xn2
  * for b, i (parallel) / e / c (simd)
  */
-__global__ void block_fwd_composed_f64_mlp_H_edge(
+__global__ void block_fwd_composed_f64_mlp_V_edge(
     const double *__restrict__ x,
     const double *__restrict__ norm1,
     const double *__restrict__ Wq,
@@ -2803,6 +2768,7 @@ __global__ void block_fwd_composed_f64_mlp_H_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2830,13 +2796,70 @@ __global__ void block_fwd_composed_f64_mlp_H_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
         double xu = 0.0;
         for (int64_t c = 0; c < dm; ++c) {
             xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
         }
-        mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * xu;
+        Vu[dff*(b*n + i) + e] = xu;
+    }
+}
+
+/* mlp.H: reads U, Vu; scratch mlp_H
+ * for b, i (parallel) / e (simd)
+ */
+__global__ void block_fwd_composed_f64_mlp_H(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ Vu,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
+    double *__restrict__ attn_K_panel,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*n) return;
+    const int64_t i = tid % n;
+    const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
+    for (int64_t e = 0; e < dff; ++e) {
+        mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0 / (1.0 + exp(-U[U_row + e])) * Vu[dff*(b*n + i) + e];
     }
 }
 
@@ -2864,6 +2887,7 @@ __global__ void block_fwd_composed_f64_mlp_F_pack_Wd(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -2922,6 +2946,7 @@ __global__ void block_fwd_composed_f64_mlp_F(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -3131,6 +3156,7 @@ __global__ void block_fwd_composed_f64_mlp_F_edge(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -3191,6 +3217,7 @@ __global__ void block_fwd_composed_f64_add_y(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -3246,6 +3273,7 @@ extern "C" int block_fwd_composed_f64(
     double *__restrict__ resid,
     double *__restrict__ inv_rms2,
     double *__restrict__ U,
+    double *__restrict__ Vu,
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
@@ -3273,7 +3301,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_norm1_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3282,7 +3310,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3291,7 +3319,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3300,7 +3328,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3309,7 +3337,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3318,7 +3346,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3327,7 +3355,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3336,7 +3364,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3345,7 +3373,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3354,7 +3382,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3363,7 +3391,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3372,7 +3400,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3381,7 +3409,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3390,7 +3418,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3399,7 +3427,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3408,7 +3436,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3417,7 +3445,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3426,7 +3454,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_norm2_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3435,7 +3463,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3444,7 +3472,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3453,7 +3481,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3461,8 +3489,8 @@ extern "C" int block_fwd_composed_f64(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_H_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3470,26 +3498,26 @@ extern "C" int block_fwd_composed_f64(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*n, threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*n, threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = batch*n, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_H_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = batch*n, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_H_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3498,7 +3526,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3507,7 +3535,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3516,7 +3544,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3525,7 +3553,7 @@ extern "C" int block_fwd_composed_f64(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f64_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -3557,6 +3585,7 @@ __global__ void block_fwd_composed_f32_norm1_rows(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -3622,6 +3651,7 @@ __global__ void block_fwd_composed_f32_qkv_Q_pack_Wq(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -3683,6 +3713,7 @@ __global__ void block_fwd_composed_f32_qkv_Q(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -3891,6 +3922,7 @@ __global__ void block_fwd_composed_f32_qkv_Q_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -3953,6 +3985,7 @@ __global__ void block_fwd_composed_f32_qkv_K_pack_Wk(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4014,6 +4047,7 @@ __global__ void block_fwd_composed_f32_qkv_K(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4222,6 +4256,7 @@ __global__ void block_fwd_composed_f32_qkv_K_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4284,6 +4319,7 @@ __global__ void block_fwd_composed_f32_qkv_V_pack_Wv(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4345,6 +4381,7 @@ __global__ void block_fwd_composed_f32_qkv_V(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4553,6 +4590,7 @@ __global__ void block_fwd_composed_f32_qkv_V_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4615,6 +4653,7 @@ __global__ void block_fwd_composed_f32_attn_rows_pack_K(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -4676,6 +4715,7 @@ __global__ void block_fwd_composed_f32_attn_rows(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5034,6 +5074,7 @@ __global__ void block_fwd_composed_f32_attn_rows_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5132,6 +5173,7 @@ __global__ void block_fwd_composed_f32_out_Y_pack_Wo(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5193,6 +5235,7 @@ __global__ void block_fwd_composed_f32_out_Y(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5402,6 +5445,7 @@ __global__ void block_fwd_composed_f32_out_Y_pointwise(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5459,6 +5503,7 @@ __global__ void block_fwd_composed_f32_out_Y_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5524,6 +5569,7 @@ __global__ void block_fwd_composed_f32_norm2_rows(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5589,6 +5635,7 @@ __global__ void block_fwd_composed_f32_mlp_U_pack_Wg(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5647,6 +5694,7 @@ __global__ void block_fwd_composed_f32_mlp_U(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5856,6 +5904,7 @@ __global__ void block_fwd_composed_f32_mlp_U_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5892,10 +5941,10 @@ __global__ void block_fwd_composed_f32_mlp_U_edge(
     }
 }
 
-/* mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+/* mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
  * for e_tile (parallel) / c / lane (simd)
  */
-__global__ void block_fwd_composed_f32_mlp_H_pack_Wu(
+__global__ void block_fwd_composed_f32_mlp_V_pack_Wu(
     const float *__restrict__ x,
     const float *__restrict__ norm1,
     const float *__restrict__ Wq,
@@ -5916,6 +5965,7 @@ __global__ void block_fwd_composed_f32_mlp_H_pack_Wu(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -5950,10 +6000,10 @@ __global__ void block_fwd_composed_f32_mlp_H_pack_Wu(
     }
 }
 
-/* mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+/* mlp.V: writes Vu; scratch xn2, mlp_Wu_panel
  * for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
  */
-__global__ void block_fwd_composed_f32_mlp_H(
+__global__ void block_fwd_composed_f32_mlp_V(
     const float *__restrict__ x,
     const float *__restrict__ norm1,
     const float *__restrict__ Wq,
@@ -5974,6 +6024,7 @@ __global__ void block_fwd_composed_f32_mlp_H(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6107,120 +6158,62 @@ __global__ void block_fwd_composed_f32_mlp_H(
                 acc_5_6 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
                 acc_5_7 += xn2[xn2_row5 + c] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
             }
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+            Vu[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+            Vu[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
         }
     }
 }
 
-/* mlp.H.pointwise: reads U; scratch mlp_H
- * for b, i (parallel) / e (simd)
- */
-__global__ void block_fwd_composed_f32_mlp_H_pointwise(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    float *__restrict__ y,
-    float *__restrict__ inv_rms1,
-    float *__restrict__ Q,
-    float *__restrict__ K,
-    float *__restrict__ V,
-    float *__restrict__ attn,
-    float *__restrict__ lse,
-    float *__restrict__ resid,
-    float *__restrict__ inv_rms2,
-    float *__restrict__ U,
-    float *__restrict__ xn1,
-    float *__restrict__ xn2,
-    float *__restrict__ mlp_out,
-    float *__restrict__ qkv_Wq_panel,
-    float *__restrict__ qkv_Wk_panel,
-    float *__restrict__ qkv_Wv_panel,
-    float *__restrict__ attn_probs,
-    float *__restrict__ attn_K_panel,
-    float *__restrict__ out_Wo_panel,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_Wg_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_Wd_panel,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float eps,
-    float scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    const int64_t mlp_H_row = dff*(b*n + i);
-    const int64_t U_row = dff*(b*n + i);
-    for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
-        mlp_H[mlp_H_row + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * mlp_H[mlp_H_row + e];
-    }
-}
-
-/* mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+/* mlp.V.edge: writes Vu; reads Wu; scratch xn2
  * for b, i (parallel) / e / c (simd)
  */
-__global__ void block_fwd_composed_f32_mlp_H_edge(
+__global__ void block_fwd_composed_f32_mlp_V_edge(
     const float *__restrict__ x,
     const float *__restrict__ norm1,
     const float *__restrict__ Wq,
@@ -6241,6 +6234,7 @@ __global__ void block_fwd_composed_f32_mlp_H_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6268,13 +6262,70 @@ __global__ void block_fwd_composed_f32_mlp_H_edge(
     if (tid >= batch*n) return;
     const int64_t i = tid % n;
     const int64_t b = (tid / n);
-    const int64_t U_row = dff*(b*n + i);
     for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
         float xu = 0.0f;
         for (int64_t c = 0; c < dm; ++c) {
             xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
         }
-        mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * xu;
+        Vu[dff*(b*n + i) + e] = xu;
+    }
+}
+
+/* mlp.H: reads U, Vu; scratch mlp_H
+ * for b, i (parallel) / e (simd)
+ */
+__global__ void block_fwd_composed_f32_mlp_H(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ Vu,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
+    float *__restrict__ attn_K_panel,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*n) return;
+    const int64_t i = tid % n;
+    const int64_t b = (tid / n);
+    const int64_t U_row = dff*(b*n + i);
+    for (int64_t e = 0; e < dff; ++e) {
+        mlp_H[dff*(b*n + i) + e] = U[U_row + e] * 1.0f / (1.0f + expf(-U[U_row + e])) * Vu[dff*(b*n + i) + e];
     }
 }
 
@@ -6302,6 +6353,7 @@ __global__ void block_fwd_composed_f32_mlp_F_pack_Wd(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6360,6 +6412,7 @@ __global__ void block_fwd_composed_f32_mlp_F(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6569,6 +6622,7 @@ __global__ void block_fwd_composed_f32_mlp_F_edge(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6629,6 +6683,7 @@ __global__ void block_fwd_composed_f32_add_y(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6684,6 +6739,7 @@ extern "C" int block_fwd_composed_f32(
     float *__restrict__ resid,
     float *__restrict__ inv_rms2,
     float *__restrict__ U,
+    float *__restrict__ Vu,
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
@@ -6711,7 +6767,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_norm1_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6720,7 +6776,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_Q_pack_Wq, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6729,7 +6785,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_Q, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6738,7 +6794,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_Q_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6747,7 +6803,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_K_pack_Wk, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6756,7 +6812,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6765,7 +6821,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_K_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6774,7 +6830,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = heads, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_V_pack_Wv, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6783,7 +6839,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((dh) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6792,7 +6848,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6801,7 +6857,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((n) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_attn_rows_pack_K, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6810,7 +6866,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*((n) / 4), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_attn_rows, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6819,7 +6875,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*heads*(n - 4*((n) / 4)), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_attn_rows_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6828,7 +6884,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y_pack_Wo, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6837,7 +6893,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6846,7 +6902,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6855,7 +6911,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6864,7 +6920,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 256;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_norm2_rows, (unsigned int)count, (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6873,7 +6929,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U_pack_Wg, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6882,7 +6938,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6891,7 +6947,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6899,8 +6955,8 @@ extern "C" int block_fwd_composed_f32(
     {
         const int64_t count = ((dff) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_H_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V_pack_Wu, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6908,26 +6964,26 @@ extern "C" int block_fwd_composed_f32(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*n, threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
+            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            const cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return (int)err;
+        }
+    }
+    {
+        const int64_t count = batch*n, threads = 128;
+        if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_H, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = batch*n, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_H_pointwise, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess) return (int)err;
-        }
-    }
-    {
-        const int64_t count = batch*n, threads = 128;
-        if (count > 0) {  /* a grid of no blocks is an invalid launch */
-            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_H_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6936,7 +6992,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = ((dm) / 8), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F_pack_Wd, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6945,7 +7001,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16), threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6954,7 +7010,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F_edge, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }
@@ -6963,7 +7019,7 @@ extern "C" int block_fwd_composed_f32(
         const int64_t count = batch*n, threads = 128;
         if (count > 0) {  /* a grid of no blocks is an invalid launch */
             MOAGEN_LAUNCH(block_fwd_composed_f32_add_y, (unsigned int)((count + threads - 1) / threads), (unsigned int)threads,
-                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+                          x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
             const cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return (int)err;
         }

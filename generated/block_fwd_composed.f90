@@ -52,8 +52,8 @@
 ! stage norm2: rmsnorm_fwd dnf
 ! stage mlp: mlp_fwd tiled
 ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-! H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U))
-!              * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+! H[b, i, e] = (<b i e> psi U) * sigmoid((<b i e> psi U)) * (<b i e> psi V)
 ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
 ! stage add: residual_add dnf
 ! y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
@@ -66,7 +66,7 @@ module moagen_kernels
 contains
 
   subroutine block_fwd_composed_f64(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, &
-      & K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, &
+      & K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, &
       & qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, &
       & mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale) &
       bind(C, name="block_fwd_composed_f64")
@@ -92,6 +92,7 @@ contains
     real(c_double), intent(out) :: resid(0:batch * n * dm - 1)
     real(c_double), intent(out) :: inv_rms2(0:batch * n - 1)
     real(c_double), intent(out) :: U(0:batch * n * dff - 1)
+    real(c_double), intent(out) :: Vu(0:batch * n * dff - 1)
     real(c_double), intent(out) :: xn1(0:batch * n * dm - 1)
     real(c_double), intent(out) :: xn2(0:batch * n * dm - 1)
     real(c_double), intent(out) :: mlp_out(0:batch * n * dm - 1)
@@ -110,9 +111,8 @@ contains
         & xn1_row3, xn1_row4, xn1_row5, Q_row, qkv_Wk_panel_row, Wk_row, K_row, qkv_Wv_panel_row, &
         & Wv_row, V_row, attn_K_panel_row, out_Wo_panel_row, Wo_row, attn_row0, attn_row1, &
         & attn_row2, attn_row3, attn_row4, attn_row5, resid_row, attn_row, mlp_Wg_panel_row, &
-        & xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, &
-        & mlp_H_row, U_row, mlp_Wd_panel_row, mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, &
-        & mlp_H_row4, mlp_H_row5
+        & xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, U_row, &
+        & mlp_Wd_panel_row, mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, mlp_H_row4, mlp_H_row5
     real(c_double) :: sum_sq, inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
         & acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
         & acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
@@ -2952,7 +2952,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+    ! mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
     ! for e_tile (parallel) / c / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_Wu_panel_row)
     do e_tile = 0, ((dff) / 8) - 1
@@ -2965,7 +2965,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+    ! mlp.V: writes Vu; scratch xn2, mlp_Wu_panel
     ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
     !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, xn2_row0, xn2_row1, &
     !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
@@ -3083,88 +3083,85 @@ contains
               acc_5_6 = acc_5_6 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 6)
               acc_5_7 = acc_5_7 + xn2(xn2_row5 + c) * mlp_Wu_panel(8*c + 8*dm*e_tile + 7)
             end do
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.H.pointwise: reads U; scratch mlp_H
-    ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, mlp_H_row, U_row)
-    do b = 0, batch - 1
-      do i = 0, n - 1
-        mlp_H_row = dff*(b*n + i)
-        U_row = dff*(b*n + i)
-        !$omp simd
-        do e = 0, 8*((dff) / 8) - 1
-          mlp_H(mlp_H_row + e) = U(U_row + e) * 1.0_c_double / (1.0_c_double + exp(-U(U_row + &
-              & e))) * mlp_H(mlp_H_row + e)
-        end do
-      end do
-    end do
-    !$omp end parallel do
-    ! mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+    ! mlp.V.edge: writes Vu; reads Wu; scratch xn2
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, U_row, xu)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
-        U_row = dff*(b*n + i)
         do e = 8*((dff) / 8), dff - 1
           xu = 0.0_c_double
           !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + xn2(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
+          Vu(dff*(b*n + i) + e) = xu
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! mlp.H: reads U, Vu; scratch mlp_H
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, U_row)
+    do b = 0, batch - 1
+      do i = 0, n - 1
+        U_row = dff*(b*n + i)
+        !$omp simd
+        do e = 0, dff - 1
           mlp_H(dff*(b*n + i) + e) = U(U_row + e) * 1.0_c_double / (1.0_c_double + exp(-U(U_row + &
-              & e))) * xu
+              & e))) * Vu(dff*(b*n + i) + e)
         end do
       end do
     end do
@@ -3384,7 +3381,7 @@ contains
   end subroutine block_fwd_composed_f64
 
   subroutine block_fwd_composed_f32(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, &
-      & K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, &
+      & K, V, attn, lse, resid, inv_rms2, U, Vu, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, &
       & qkv_Wv_panel, attn_probs, attn_K_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, &
       & mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale) &
       bind(C, name="block_fwd_composed_f32")
@@ -3410,6 +3407,7 @@ contains
     real(c_float), intent(out) :: resid(0:batch * n * dm - 1)
     real(c_float), intent(out) :: inv_rms2(0:batch * n - 1)
     real(c_float), intent(out) :: U(0:batch * n * dff - 1)
+    real(c_float), intent(out) :: Vu(0:batch * n * dff - 1)
     real(c_float), intent(out) :: xn1(0:batch * n * dm - 1)
     real(c_float), intent(out) :: xn2(0:batch * n * dm - 1)
     real(c_float), intent(out) :: mlp_out(0:batch * n * dm - 1)
@@ -3428,9 +3426,8 @@ contains
         & xn1_row3, xn1_row4, xn1_row5, Q_row, qkv_Wk_panel_row, Wk_row, K_row, qkv_Wv_panel_row, &
         & Wv_row, V_row, attn_K_panel_row, out_Wo_panel_row, Wo_row, attn_row0, attn_row1, &
         & attn_row2, attn_row3, attn_row4, attn_row5, resid_row, attn_row, mlp_Wg_panel_row, &
-        & xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, &
-        & mlp_H_row, U_row, mlp_Wd_panel_row, mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, &
-        & mlp_H_row4, mlp_H_row5
+        & xn2_row0, xn2_row1, xn2_row2, xn2_row3, xn2_row4, xn2_row5, mlp_Wu_panel_row, U_row, &
+        & mlp_Wd_panel_row, mlp_H_row0, mlp_H_row1, mlp_H_row2, mlp_H_row3, mlp_H_row4, mlp_H_row5
     real(c_float) :: sum_sq, inv_rms_at, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, &
         & acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, &
         & acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, &
@@ -7627,7 +7624,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.H.pack_Wu: reads Wu; scratch mlp_Wu_panel
+    ! mlp.V.pack_Wu: reads Wu; scratch mlp_Wu_panel
     ! for e_tile (parallel) / c / lane (simd)
     !$omp parallel do collapse(1) schedule(static) private(c, lane, mlp_Wu_panel_row)
     do e_tile = 0, ((dff) / 16) - 1
@@ -7640,7 +7637,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.H: scratch mlp_H, xn2, mlp_Wu_panel
+    ! mlp.V: writes Vu; scratch xn2, mlp_Wu_panel
     ! for b, i_blk (parallel) / e_tile / i_tile / c (register tile)
     !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, xn2_row0, xn2_row1, &
     !$omp& xn2_row2, xn2_row3, xn2_row4, xn2_row5, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, &
@@ -7860,136 +7857,133 @@ contains
               acc_5_14 = acc_5_14 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 14)
               acc_5_15 = acc_5_15 + xn2(xn2_row5 + c) * mlp_Wu_panel(16*c + 16*dm*e_tile + 15)
             end do
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile) = acc_0_0
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 1) = acc_0_1
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 2) = acc_0_2
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 3) = acc_0_3
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 4) = acc_0_4
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 5) = acc_0_5
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 6) = acc_0_6
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 7) = acc_0_7
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 8) = acc_0_8
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 9) = acc_0_9
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 10) = acc_0_10
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 11) = acc_0_11
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 12) = acc_0_12
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 13) = acc_0_13
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 14) = acc_0_14
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 15) = acc_0_15
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile) = acc_1_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 1) = acc_1_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 2) = acc_1_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 3) = acc_1_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 4) = acc_1_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 5) = acc_1_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 6) = acc_1_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 7) = acc_1_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 8) = acc_1_8
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 9) = acc_1_9
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 10) = acc_1_10
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 11) = acc_1_11
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 12) = acc_1_12
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 13) = acc_1_13
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 14) = acc_1_14
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 15) = acc_1_15
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile) = acc_2_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 1) = acc_2_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 2) = acc_2_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 3) = acc_2_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 4) = acc_2_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 5) = acc_2_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 6) = acc_2_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 7) = acc_2_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 8) = acc_2_8
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 9) = acc_2_9
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 10) = acc_2_10
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 11) = acc_2_11
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 12) = acc_2_12
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 13) = acc_2_13
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 14) = acc_2_14
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 15) = acc_2_15
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile) = acc_3_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 1) = acc_3_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 2) = acc_3_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 3) = acc_3_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 4) = acc_3_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 5) = acc_3_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 6) = acc_3_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 7) = acc_3_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 8) = acc_3_8
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 9) = acc_3_9
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 10) = acc_3_10
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 11) = acc_3_11
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 12) = acc_3_12
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 13) = acc_3_13
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 14) = acc_3_14
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 15) = acc_3_15
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile) = acc_4_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 1) = acc_4_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 2) = acc_4_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 3) = acc_4_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 4) = acc_4_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 5) = acc_4_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 6) = acc_4_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 7) = acc_4_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 8) = acc_4_8
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 9) = acc_4_9
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 10) = acc_4_10
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 11) = acc_4_11
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 12) = acc_4_12
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 13) = acc_4_13
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 14) = acc_4_14
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 15) = acc_4_15
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile) = acc_5_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 1) = acc_5_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 2) = acc_5_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 3) = acc_5_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 4) = acc_5_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 5) = acc_5_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 6) = acc_5_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 7) = acc_5_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 8) = acc_5_8
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 9) = acc_5_9
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 10) = acc_5_10
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 11) = acc_5_11
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 12) = acc_5_12
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 13) = acc_5_13
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 14) = acc_5_14
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 15) = acc_5_15
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile) = acc_0_0
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 1) = acc_0_1
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 2) = acc_0_2
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 3) = acc_0_3
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 4) = acc_0_4
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 5) = acc_0_5
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 6) = acc_0_6
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 7) = acc_0_7
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 8) = acc_0_8
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 9) = acc_0_9
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 10) = acc_0_10
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 11) = acc_0_11
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 12) = acc_0_12
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 13) = acc_0_13
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 14) = acc_0_14
+            Vu(dff*(b*n + min(6*i_tile, n - 1)) + 16*e_tile + 15) = acc_0_15
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile) = acc_1_0
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 1) = acc_1_1
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 2) = acc_1_2
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 3) = acc_1_3
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 4) = acc_1_4
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 5) = acc_1_5
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 6) = acc_1_6
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 7) = acc_1_7
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 8) = acc_1_8
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 9) = acc_1_9
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 10) = acc_1_10
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 11) = acc_1_11
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 12) = acc_1_12
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 13) = acc_1_13
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 14) = acc_1_14
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 16*e_tile + 15) = acc_1_15
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile) = acc_2_0
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 1) = acc_2_1
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 2) = acc_2_2
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 3) = acc_2_3
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 4) = acc_2_4
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 5) = acc_2_5
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 6) = acc_2_6
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 7) = acc_2_7
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 8) = acc_2_8
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 9) = acc_2_9
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 10) = acc_2_10
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 11) = acc_2_11
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 12) = acc_2_12
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 13) = acc_2_13
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 14) = acc_2_14
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 16*e_tile + 15) = acc_2_15
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile) = acc_3_0
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 1) = acc_3_1
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 2) = acc_3_2
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 3) = acc_3_3
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 4) = acc_3_4
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 5) = acc_3_5
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 6) = acc_3_6
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 7) = acc_3_7
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 8) = acc_3_8
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 9) = acc_3_9
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 10) = acc_3_10
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 11) = acc_3_11
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 12) = acc_3_12
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 13) = acc_3_13
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 14) = acc_3_14
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 16*e_tile + 15) = acc_3_15
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile) = acc_4_0
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 1) = acc_4_1
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 2) = acc_4_2
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 3) = acc_4_3
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 4) = acc_4_4
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 5) = acc_4_5
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 6) = acc_4_6
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 7) = acc_4_7
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 8) = acc_4_8
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 9) = acc_4_9
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 10) = acc_4_10
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 11) = acc_4_11
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 12) = acc_4_12
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 13) = acc_4_13
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 14) = acc_4_14
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 16*e_tile + 15) = acc_4_15
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile) = acc_5_0
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 1) = acc_5_1
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 2) = acc_5_2
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 3) = acc_5_3
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 4) = acc_5_4
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 5) = acc_5_5
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 6) = acc_5_6
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 7) = acc_5_7
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 8) = acc_5_8
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 9) = acc_5_9
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 10) = acc_5_10
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 11) = acc_5_11
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 12) = acc_5_12
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 13) = acc_5_13
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 14) = acc_5_14
+            Vu(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 16*e_tile + 15) = acc_5_15
           end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! mlp.H.pointwise: reads U; scratch mlp_H
-    ! for b, i (parallel) / e (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, mlp_H_row, U_row)
-    do b = 0, batch - 1
-      do i = 0, n - 1
-        mlp_H_row = dff*(b*n + i)
-        U_row = dff*(b*n + i)
-        !$omp simd
-        do e = 0, 16*((dff) / 16) - 1
-          mlp_H(mlp_H_row + e) = U(U_row + e) * 1.0_c_float / (1.0_c_float + exp(-U(U_row + e))) &
-              & * mlp_H(mlp_H_row + e)
-        end do
-      end do
-    end do
-    !$omp end parallel do
-    ! mlp.H.edge: reads Wu, U; scratch mlp_H, xn2
+    ! mlp.V.edge: writes Vu; reads Wu; scratch xn2
     ! for b, i (parallel) / e / c (simd)
-    !$omp parallel do collapse(2) schedule(static) private(e, c, U_row, xu)
+    !$omp parallel do collapse(2) schedule(static) private(e, c, xu)
     do b = 0, batch - 1
       do i = 0, n - 1
-        U_row = dff*(b*n + i)
         do e = 16*((dff) / 16), dff - 1
           xu = 0.0_c_float
           !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + xn2(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
+          Vu(dff*(b*n + i) + e) = xu
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! mlp.H: reads U, Vu; scratch mlp_H
+    ! for b, i (parallel) / e (simd)
+    !$omp parallel do collapse(2) schedule(static) private(e, U_row)
+    do b = 0, batch - 1
+      do i = 0, n - 1
+        U_row = dff*(b*n + i)
+        !$omp simd
+        do e = 0, dff - 1
           mlp_H(dff*(b*n + i) + e) = U(U_row + e) * 1.0_c_float / (1.0_c_float + exp(-U(U_row + &
-              & e))) * xu
+              & e))) * Vu(dff*(b*n + i) + e)
         end do
       end do
     end do

@@ -78,13 +78,14 @@ def rmsnorm_apply(x, weight, inv_rms):
 
 
 def mlp(X, Wg, Wu, Wd):
-    """F and U = X Wg (kept for the backward)."""
-    u = X @ Wg
-    return (F.silu(u) * (X @ Wu)) @ Wd, u
+    """F, and U = X Wg and V = X Wu (kept for the backward)."""
+    u, v = X @ Wg, X @ Wu
+    return (F.silu(u) * v) @ Wd, u, v
 
 
-def mlp_bwd(X, Wg, Wu, Wd, U, dF):
-    """dX and the weights' gradients by autograd, which recomputes the forward (U unused)."""
+def mlp_bwd(X, Wg, Wu, Wd, U, V, dF):
+    """dX and the weights' gradients by autograd, which recomputes the forward (U and V
+    unused)."""
     leaves = [t.detach().requires_grad_() for t in (X, Wg, Wu, Wd)]
     x, wg, wu, wd = leaves
     return torch.autograd.grad((F.silu(x @ wg) * (x @ wu)) @ wd, leaves, dF)
@@ -136,18 +137,18 @@ def _block(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale, causal=False
     attn = sdpa(q, k, v, scale, causal)
     resid = out_proj(attn, Wo, x)
     xn2, inv_rms2 = rmsnorm(resid, norm2, eps)
-    f, u = mlp(xn2, Wg, Wu, Wd)
-    return resid + f, (inv_rms1, q, k, v, attn, resid, inv_rms2, u)
+    f, u, up = mlp(xn2, Wg, Wu, Wd)
+    return resid + f, (inv_rms1, q, k, v, attn, resid, inv_rms2, u, up)
 
 
 def block(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale, causal=False):
-    """y, inv_rms1, Q, K, V, attn, resid, inv_rms2, U: every output but lse."""
+    """y, inv_rms1, Q, K, V, attn, resid, inv_rms2, U, Vu: every output but lse."""
     y, kept = _block(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale, causal)
     return (y,) + kept
 
 
 def block_bwd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse,
-              resid, inv_rms2, U, dy, scale, eps, causal=False):
+              resid, inv_rms2, U, Vu, dy, scale, eps, causal=False):
     """The ten gradients by autograd of the block, which recomputes the forward (the kept
     activations unused)."""
     leaves = [t.detach().requires_grad_() for t in (x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu,

@@ -129,20 +129,20 @@ def _silu(u):
 
 
 def mlp_fwd_numpy(X, Wg, Wu, Wd):
-    U = X @ Wg
-    return (_silu(U) * (X @ Wu)) @ Wd, U
+    """F, and U and V (the products the backward keeps)."""
+    U, V = X @ Wg, X @ Wu
+    return (_silu(U) * V) @ Wd, U, V
 
 
 def mlp_fwd_torch(X, Wg, Wu, Wd):
     import torch
     x, wg, wu, wd = (torch.from_numpy(a) for a in (X, Wg, Wu, Wd))
-    u = x @ wg
-    return (torch.nn.functional.silu(u) * (x @ wu) @ wd).numpy(), u.numpy()
+    u, v = x @ wg, x @ wu
+    return (torch.nn.functional.silu(u) * v @ wd).numpy(), u.numpy(), v.numpy()
 
 
-def mlp_bwd_numpy(X, Wg, Wu, Wd, U, dF):
-    """The chain rule by hand, V and H recomputed from X and U."""
-    V = X @ Wu
+def mlp_bwd_numpy(X, Wg, Wu, Wd, U, V, dF):
+    """The chain rule by hand, H recomputed from U and V."""
     sig = _sigmoid(U)
     H = U * sig * V
     dH = dF @ Wd.T
@@ -153,8 +153,8 @@ def mlp_bwd_numpy(X, Wg, Wu, Wd, U, dF):
             rows(H).T @ rows(dF))
 
 
-def mlp_bwd_torch(X, Wg, Wu, Wd, U, dF):
-    """Autograd of the forward; U is the forward's own (X Wg), as the kernel assumes."""
+def mlp_bwd_torch(X, Wg, Wu, Wd, U, V, dF):
+    """Autograd of the forward (U and V unused: the kernel assumes they are X Wg and X Wu)."""
     import torch
     x, wg, wu, wd = (torch.from_numpy(a).requires_grad_() for a in (X, Wg, Wu, Wd))
     f = torch.nn.functional.silu(x @ wg) * (x @ wu) @ wd
@@ -163,15 +163,16 @@ def mlp_bwd_torch(X, Wg, Wu, Wd, U, dF):
 
 
 def block_fwd_numpy(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale, causal=False):
-    """y and what the backward keeps: inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U."""
+    """y and what the backward keeps: inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, and the
+    MLP's U and V (Vu)."""
     from moagen.reference import attention_fwd_numpy
     xn1, inv_rms1 = rmsnorm_fwd_numpy(x, norm1, eps)
     Q, K, V = qkv_proj_numpy(xn1, Wq, Wk, Wv)
     attn, lse = attention_fwd_numpy(Q, K, V, scale, causal)
     resid = out_proj_numpy(attn, Wo, x)
     xn2, inv_rms2 = rmsnorm_fwd_numpy(resid, norm2, eps)
-    F, U = mlp_fwd_numpy(xn2, Wg, Wu, Wd)
-    return resid + F, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U
+    F, U, Vu = mlp_fwd_numpy(xn2, Wg, Wu, Wd)
+    return resid + F, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, Vu
 
 
 def _block_torch(x, weights, eps, scale, causal=False):
@@ -193,9 +194,9 @@ def _block_torch(x, weights, eps, scale, causal=False):
     lse = torch.logsumexp(scores, dim=-1)
     resid = x + attn.transpose(1, 2).flatten(2) @ Wo.flatten(0, 1)
     xn2 = rms(resid, norm2)
-    u = xn2 @ Wg
-    y = resid + (torch.nn.functional.silu(u) * (xn2 @ Wu)) @ Wd
-    return y, (inv_rms(x), q, k, v, attn, lse, resid, inv_rms(resid), u)
+    u, up = xn2 @ Wg, xn2 @ Wu
+    y = resid + (torch.nn.functional.silu(u) * up) @ Wd
+    return y, (inv_rms(x), q, k, v, attn, lse, resid, inv_rms(resid), u, up)
 
 
 def block_fwd_torch(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale, causal=False):
@@ -206,11 +207,11 @@ def block_fwd_torch(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, eps, scale, cau
 
 
 def block_bwd_numpy(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse,
-                    resid, inv_rms2, U, dy, scale, causal=False):
+                    resid, inv_rms2, U, Vu, dy, scale, causal=False):
     """The chain rule through the stages by hand (the numpy references above)."""
     from moagen.reference import attention_bwd_numpy
     xn2 = rmsnorm_apply_numpy(resid, norm2, inv_rms2)
-    dxn2, dWg, dWu, dWd = mlp_bwd_numpy(xn2, Wg, Wu, Wd, U, dy)
+    dxn2, dWg, dWu, dWd = mlp_bwd_numpy(xn2, Wg, Wu, Wd, U, Vu, dy)
     dresid_norm, dnorm2 = rmsnorm_bwd_numpy(resid, norm2, inv_rms2, dxn2)
     dresid = dy + dresid_norm
     dattn, dWo = out_proj_bwd_numpy(attn, Wo, dresid)
@@ -222,7 +223,7 @@ def block_bwd_numpy(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K,
 
 
 def block_bwd_torch(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse,
-                    resid, inv_rms2, U, dy, scale, eps=None, causal=False):
+                    resid, inv_rms2, U, Vu, dy, scale, eps=None, causal=False):
     """Autograd of the whole block from x and the weights (the kept arrays unused)."""
     import torch
     t = [torch.from_numpy(a).requires_grad_() for a in (x, norm1, Wq, Wk, Wv, Wo, norm2, Wg,

@@ -31,7 +31,7 @@ rng = np.random.default_rng(5)
 normal = lambda *shape: rng.standard_normal(shape)
 # rows past one 4-row tile and not a multiple of it; columns past one 8-column tile
 X, WG, WU, WD = normal(2, 5, 3), normal(3, 10), normal(3, 10), normal(10, 3)
-U, DF = X @ WG, normal(2, 5, 3)
+U, V, DF = X @ WG, X @ WU, normal(2, 5, 3)
 XR, WEIGHT, DZ = normal(2, 19, 3), normal(3), normal(2, 19, 3)  # 19 rows: uneven parts
 INV_RMS = 1 / np.sqrt((XR * XR).mean(-1) + 0.1)
 WQ, WK, WV, WO = normal(3, 2, 9), normal(3, 2, 9), normal(3, 2, 9), normal(2, 9, 3)
@@ -39,7 +39,7 @@ HEADS = [normal(2, 2, 5, 9) for _ in range(3)]
 
 PROBLEMS = {  # inputs by name, the numpy result in the kernel's output order
     "mlp_fwd": ({"X": X, "Wg": WG, "Wu": WU, "Wd": WD}, reference_block.mlp_fwd_numpy),
-    "mlp_bwd": ({"X": X, "Wg": WG, "Wu": WU, "Wd": WD, "U": U, "dF": DF},
+    "mlp_bwd": ({"X": X, "Wg": WG, "Wu": WU, "Wd": WD, "U": U, "V": V, "dF": DF},
                 reference_block.mlp_bwd_numpy),
     "rmsnorm_bwd": ({"x": XR, "weight": WEIGHT, "inv_rms": INV_RMS, "dz": DZ},
                     reference_block.rmsnorm_bwd_numpy),
@@ -117,20 +117,20 @@ def test_a_tile_of_merged_sums_runs_one_terms_loop_after_the_others():
 
 
 def test_a_tile_stores_its_sums_and_a_pointwise_nest_applies_the_rest():
-    """H = U sigmoid(U) * (X Wu): the tile stores the sums (vector stores), a parallel nest over
-    the tiled columns multiplies by U sigmoid(U) (a vectorized loop of exponentials); the edge
-    columns compute the whole value."""
-    nests = {n.label: n for n in onf_of("mlp_fwd", "tiled").nests}
-    assert [label for label in nests if label.startswith("H")] == \
-        ["H.pack_Wu", "H", "H.pointwise", "H.edge"]
-    tile_stores = [s for s in walk(nests["H"].body) if isinstance(s, Store)]
+    """Y = R + sum_h O[h] Wo[h]: the tile stores the sums (vector stores), a parallel nest over
+    the tiled columns adds R (a vectorized loop); the edge columns compute the whole value."""
+    nests = {n.label: n for n in onf_of("out_proj", "tiled").nests}
+    assert list(nests) == ["Y.pack_Wo", "Y", "Y.pointwise", "Y.edge"]
+    tile_stores = [s for s in walk(nests["Y"].body) if isinstance(s, Store)]
     assert all(isinstance(s.value, S.Local) for s in tile_stores)
-    (apply,) = [s for s in walk(nests["H.pointwise"].body) if isinstance(s, Store)]
-    assert S.Load("H", apply.index[0]) in list(S.subexpressions(apply.value))
-    assert any(isinstance(e, S.Un) and e.fn == "sigmoid" for e in S.subexpressions(apply.value))
-    cols = next(s for s in walk(nests["H.pointwise"].body) if isinstance(s, Loop) and s.simd)
-    assert str(cols.stop) == "8*idiv(dff, 8)" and nests["H.pointwise"].body[0].parallel == 2
-    assert "U.pointwise" not in nests  # a plain sum: nothing to apply
+    (apply,) = [s for s in walk(nests["Y.pointwise"].body) if isinstance(s, Store)]
+    assert {e.array for e in S.subexpressions(apply.value) if isinstance(e, S.Load)} == \
+        {"Y", "R"}
+    cols = next(s for s in walk(nests["Y.pointwise"].body) if isinstance(s, Loop) and s.simd)
+    assert str(cols.stop) == "8*idiv(dm, 8)" and nests["Y.pointwise"].body[0].parallel == 2
+    # a plain sum: nothing to apply
+    assert not any(label.endswith(".pointwise") for label in
+                   (n.label for n in onf_of("mlp_fwd", "tiled").nests))
 
 
 def test_weight_gradient_tiles_read_every_operand_along_contiguous_memory():
@@ -248,18 +248,20 @@ def test_dweight_is_bitwise_the_same_on_one_and_two_threads():
 
 # ---- the block ------------------------------------------------------------------------
 
-def test_the_forward_keeps_per_row_statistics_and_only_u_of_the_mlp():
-    assert FORWARD.kept() == ("inv_rms1", "Q", "K", "V", "attn", "lse", "resid", "inv_rms2", "U")
+def test_the_forward_keeps_per_row_statistics_and_the_mlps_two_products():
+    assert FORWARD.kept() == ("inv_rms1", "Q", "K", "V", "attn", "lse", "resid", "inv_rms2", "U",
+                              "Vu")
     onf = onf_of("block_fwd")
     shapes = {b.name: tuple(map(str, b.shape)) for b in onf.outputs}
     assert shapes["inv_rms1"] == shapes["inv_rms2"] == ("batch", "n")  # a number a row
     assert [b.name for b in onf.outputs] == ["y"] + list(FORWARD.kept())
     scratch = {b.name for b in onf.temps}
     assert {"xn1", "xn2", "mlp_H"} <= scratch  # x / r and the MLP's H are never returned
-    # the backward recomputes x / r, and V and H (transposed) of the MLP, from what was kept
+    # the backward recomputes x / r, and H (transposed) of the MLP, from what was kept
     backward = onf_of("block_bwd")
-    assert {"xn1", "xn2", "mlp_V", "mlp_HT"} <= {b.name for b in backward.temps}
-    assert not {"xn1", "xn2", "mlp_V", "mlp_H", "mlp_HT", "H"} & {b.name for b in backward.inputs}
+    assert {"xn1", "xn2", "mlp_H", "mlp_HT"} <= {b.name for b in backward.temps}
+    assert not {"xn1", "xn2", "mlp_H", "mlp_HT", "H"} & {b.name for b in backward.inputs}
+    assert {"U", "Vu"} <= {b.name for b in backward.inputs}
 
 
 def test_the_block_is_its_stages_nests_in_order():

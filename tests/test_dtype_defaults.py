@@ -117,6 +117,5 @@ def test_the_float32_defaults_keep_the_value():
     shapes = dict(X=(1, 7, 13), Wg=(13, 37), Wu=(13, 37), Wd=(37, 13))
     mlp = {name: rng.standard_normal(shape) for name, shape in shapes.items()}
     got = run_onf(onf_of("mlp_fwd", "tiled", dtype="float32"), mlp, {})
-    want_f, want_u = reference_block.mlp_fwd_numpy(*mlp.values())
-    np.testing.assert_allclose(got["F"], want_f, rtol=1e-12, atol=1e-13)
-    np.testing.assert_allclose(got["U"], want_u, rtol=1e-12, atol=1e-13)
+    for name, want in zip(("F", "U", "V"), reference_block.mlp_fwd_numpy(*mlp.values())):
+        np.testing.assert_allclose(got[name], want, rtol=1e-12, atol=1e-13)

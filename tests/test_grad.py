@@ -204,7 +204,7 @@ def test_grad_command_prints_rewrites_dnf_and_the_check(capsys):
     assert code == 1 and "FAIL: dK, dV recompute a reduction" in err
     # the registered MLP backward stores transposed operands this spec does not name
     code, out, _ = run(capsys, "grad", "mlp_fwd")
-    assert code == 0 and "temporaries: dH(batch, n, dff), V(batch, n, dff)" in out
+    assert code == 0 and "temporaries: dH(batch, n, dff), dU(batch, n, dff)" in out
     code, out, _ = run(capsys, "grad", "rmsnorm_fwd", "--wrt", "x", "--shape")
     assert code == 0 and "gradients dx\n" in out and "rewrites: kept statistic (1)" in out
 

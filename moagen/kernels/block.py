@@ -7,8 +7,8 @@ block code is written by hand.
               y = resid + mlp(xn2)
     backward  derived: the chain rule through the same stages in reverse, each stage's
               backward as its kernel declares it (moagen.kernels.chain); xn1 and xn2 are
-              recomputed from x, resid and the kept per-row statistics, the MLP's V and H
-              from xn2 and U; the residuals' cotangents summed.
+              recomputed from x, resid and the kept per-row statistics, the MLP's H
+              from its kept U and V; the residuals' cotangents summed.
 
 What the forward returns besides y is derived too: the intermediates the backward reads.
 """
@@ -55,7 +55,7 @@ def _forward(causal: bool) -> Composite:
                   {"x": "resid", "weight": "norm2", "z": "xn2", "inv_rms": "inv_rms2"},
                   ON_MODEL),
             Stage("mlp", "mlp_fwd", "tiled",
-                  {"X": "xn2", "F": "mlp_out", **_same("Wg", "Wu", "Wd", "U")}),
+                  {"X": "xn2", "F": "mlp_out", **_same("Wg", "Wu", "Wd", "U"), "V": "Vu"}),
             Stage("add", "residual_add", "dnf", {"x": "resid", "R": "mlp_out", "y": "y"}),
         ),
         outputs=("y",),
@@ -132,7 +132,7 @@ def _benches(causal):
     return {
         f"block_fwd{suffix}": _ON_MODEL.measured_against(
             "block", "y and the kept activations by the stages' baselines; no lse (SDPA "
-                     "returns none)", outputs=(0, 1, 2, 3, 4, 5, 7, 8, 9), causal=causal),
+                     "returns none)", outputs=(0, 1, 2, 3, 4, 5, 7, 8, 9, 10), causal=causal),
         f"block_bwd{suffix}": _ON_MODEL.measured_against(
             "block_bwd", "the ten gradients by autograd of the block, the forward recomputed "
                          "(the kept activations unused)", eps=EPS, causal=causal),

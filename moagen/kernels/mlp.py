@@ -2,18 +2,20 @@
 
     U = X Wg,  V = X Wu,  H = silu(U) * V,  F = H Wd
 
-The forward keeps only U for the backward, which recomputes V and H from X and U (derived
-from the forward's spec by moagen.moa.grad, not written by hand):
+The forward keeps U and V for the backward (as PyTorch's autograd keeps both products), which
+computes H again from them (derived from the forward's spec by moagen.moa.grad, not written
+by hand):
 
     dH = dF Wd^T,  dV = dH * silu(U),  dU = dH * V * silu'(U)
     dWd = H^T dF,  dWg = X^T dU,  dWu = X^T dV,  dX = dU Wg^T + dV Wu^T
 
-with silu'(u) = sigmoid(u) * (1 + u * (1 - sigmoid(u))). H is stored by the pass that
-computes dU and dV (the three share one sigmoid of U) and copied transposed (HT), as X is
-(XT), so that the weight gradients, sums over the rows, read their row operand along
-contiguous memory. Every inner product is register tiled in the `tiled` variants; the
-weight gradients are sums over all rows computed by whole output tiles, so each thread owns
-the weights it writes: no atomics, and every sum runs over the rows in one fixed order.
+with silu'(u) = sigmoid(u) * (1 + u * (1 - sigmoid(u))): six products, where keeping U
+alone would cost a seventh (V again). H is stored by the pass that computes dU and dV (the
+three share one sigmoid of U) and copied transposed (HT), as X is (XT), so that the weight
+gradients, sums over the rows, read their row operand along contiguous memory. Every inner
+product is register tiled in the `tiled` variants; the weight gradients are sums over all
+rows computed by whole output tiles, so each thread owns the weights it writes: no atomics,
+and every sum runs over the rows in one fixed order.
 """
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
@@ -37,23 +39,22 @@ ROW_E, ROW_C = ("i", "e"), ("i", "c")  # e: the hidden (d_ff) axis, c: the model
 
 
 def forward_parts(x):
-    """U and H of one batch entry's rows."""
+    """U, V and H of one batch entry's rows."""
     u = named("U", inner(x, WG, var="c", name="xg"), index=ROW_E)
-    # V named as well: the derived backward can then store it rather than recompute it
-    h = named("H", silu(u) * named("V", inner(x, WU, var="c", name="xu"), index=ROW_E),
-              index=ROW_E)
-    return u, h
+    v = named("V", inner(x, WU, var="c", name="xu"), index=ROW_E)
+    return u, v, named("H", silu(u) * v, index=ROW_E)
 
 
 def forward_spec() -> KernelSpec:
-    u, h = forward_parts(psi(B, X))
+    u, v, h = forward_parts(psi(B, X))
     return KernelSpec(
         name="mlp_fwd",
         inputs=(X, WG, WU, WD),
         scalars=(),
         outputs=(Output("F", lift(B, ("batch",), inner(h, WD, var="e", name="hw")),
                         ("b", "i", "c")),
-                 Output("U", lift(B, ("batch",), u), ("b",) + ROW_E)),
+                 Output("U", lift(B, ("batch",), u), ("b",) + ROW_E),
+                 Output("V", lift(B, ("batch",), v), ("b",) + ROW_E)),
     )
 
 
@@ -63,7 +64,7 @@ def _transposed(w, label):
 
 
 # how the backward is derived (moagen.moa.grad; `moagen grad mlp_fwd`): dF given for F, U
-# kept; V, H, dH, dV and dU are Named (the forward names V so that it can be stored)
+# and V kept; H, dH, dV and dU are Named
 VJP = {"mlp_fwd": dict(wrt={"X": ("b",) + ROW_C, "Wg": ("c", "e"), "Wu": ("c", "e"),
                             "Wd": ("e", "c")}, cotangents=("F",))}
 
@@ -89,15 +90,15 @@ def backward_spec() -> KernelSpec:
 
 
 FORWARD_TEMPS = frozenset({"H"})
-BACKWARD_TEMPS = frozenset({"V", "H", "XT", "HT", "dH", "dV", "dU", "WdT", "WgT", "WuT"})
+BACKWARD_TEMPS = frozenset({"H", "XT", "HT", "dH", "dV", "dU", "WdT", "WgT", "WuT"})
 ROWS = ("b", "i")
 ELEMENTWISE = "dU_dV_H"  # the tiled backward's fused elementwise nest
 # the nests of each kernel: row-wise products (tiled rows x cols), weight gradients (tiled
 # weight rows x cols), elementwise row nests, the weights' transposes (weight rows) and the
 # per-batch transposes of row operands (their rows)
-FORWARD = {"rows": {"U": "e", "H": "e", "F": "c"}, "weights": {}, "elementwise": (),
+FORWARD = {"rows": {"U": "e", "V": "e", "F": "c"}, "weights": {}, "elementwise": ("H",),
            "transposes": {}, "row_transposes": {}}
-BACKWARD = {"rows": {"dH": "e", "V": "e", "dX": "c"},
+BACKWARD = {"rows": {"dH": "e", "dX": "c"},
             "weights": {"dWg": ("c", "e"), "dWu": ("c", "e"), "dWd": ("e", "c")},
             "elementwise": ("dV", "dU", "H"), "transposes": {"WdT": "c", "WgT": "e", "WuT": "e"},
             "row_transposes": {"XT": "c", "HT": "e"}}
@@ -191,9 +192,9 @@ ALIASES = {"mlp_fwd_vjp": "mlp_bwd"}
 CHAIN = {"mlp_fwd": backward(*SPECS, "tiled")}
 
 
-def _forward_u(arrays, scalars):
-    """The backward's U is the forward's X Wg."""
-    return dict(arrays, U=arrays["X"] @ arrays["Wg"])
+def _forward_products(arrays, scalars):
+    """The backward's U and V are the forward's X Wg and X Wu."""
+    return dict(arrays, U=arrays["X"] @ arrays["Wg"], V=arrays["X"] @ arrays["Wu"])
 
 
 # What verification and the benchmarks run these kernels on (moagen.kernels.cases): one
@@ -204,8 +205,8 @@ CHECKS = {"mlp_fwd": Check(references(reference_block.mlp_fwd_numpy,
                                       reference_block.mlp_fwd_torch), CHECK_SIZES),
           "mlp_bwd": Check(references(reference_block.mlp_bwd_numpy,
                                       reference_block.mlp_bwd_torch), CHECK_SIZES,
-                           inputs=_forward_u)}
+                           inputs=_forward_products)}
 BENCH = {"mlp_fwd": on_model("dm", "dff").measured_against(
-             "mlp", "F and U by three matmuls and F.silu"),
+             "mlp", "F, U and V by three matmuls and F.silu"),
          "mlp_bwd": on_model("dm", "dff").measured_against(
-             "mlp_bwd", "dX, dWg, dWu, dWd by autograd, the forward recomputed (U unused)")}
+             "mlp_bwd", "dX, dWg, dWu, dWd by autograd, the forward recomputed (U, V unused)")}

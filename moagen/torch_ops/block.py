@@ -2,7 +2,7 @@
 
     forward   block_fwd[_causal]: y, and the activations the backward reads (the per-row
               RMSNorm statistics, Q, K, V, the attention output and its row logsumexp,
-              the residual, the MLP's U), saved by autograd
+              the residual, the MLP's U and V), saved by autograd
     backward  block_bwd[_causal]: dx and every weight's gradient from x, the weights, those
               activations and dy
 
@@ -53,9 +53,10 @@ def _kept_shapes(x, weights):
     batch, n, d_model = x.shape
     _, heads, d_head = weights[1].shape
     per_head = (batch, heads, n, d_head)
+    hidden = (batch, n, weights[6].shape[1])
     return {"inv_rms1": (batch, n), "Q": per_head, "K": per_head, "V": per_head,
             "attn": per_head, "lse": (batch, heads, n), "resid": (batch, n, d_model),
-            "inv_rms2": (batch, n), "U": (batch, n, weights[6].shape[1])}
+            "inv_rms2": (batch, n), "U": hidden, "Vu": hidden}
 
 
 def _block(x: Tensor, weights: List[Tensor], eps: float, scale: float, causal: bool,

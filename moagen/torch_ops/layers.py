@@ -4,8 +4,8 @@ dimensions; the kernels see them as one batch of rows).
     rms_norm    forward rmsnorm_fwd (z and the per-row 1/rms, kept for the backward),
                 backward rmsnorm_bwd (dx, and dweight summed in fixed parts: the same bits
                 on any thread count)
-    swiglu_mlp  forward mlp_fwd (F and U = x w_gate, kept), backward mlp_bwd (V and H
-                recomputed from x and U); both register tiled ("tiled")
+    swiglu_mlp  forward mlp_fwd (F, and U = x w_gate and V = x w_up, kept), backward
+                mlp_bwd (H recomputed from U and V); both register tiled ("tiled")
 
 The weights are in the kernels' (and x @ W's) orientation: w_gate, w_up (d_model, d_ff),
 w_down (d_ff, d_model); an nn.Linear stores the transpose (its .weight.T)."""
@@ -100,37 +100,40 @@ def _check_mlp(op, x, w_gate, w_up, w_down, lang):
 
 
 def _swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
-                lang: str) -> tuple[Tensor, Tensor]:
-    """F and U = x w_gate."""
+                lang: str) -> tuple[Tensor, Tensor, Tensor]:
+    """F, U = x w_gate and V = x w_up."""
+    hidden = (*x.shape[:-1], w_gate.shape[1])
     return call("mlp_fwd", "tiled", lang, _rows(x), w_gate, w_up, w_down,
-                out_shapes=(x.shape, (*x.shape[:-1], w_gate.shape[1])))
+                out_shapes=(x.shape, hidden, hidden))
 
 
 def _swiglu_mlp_fake(x, w_gate, w_up, w_down, lang):
-    return x.new_empty(x.shape), x.new_empty((*x.shape[:-1], w_gate.shape[1]))
+    hidden = (*x.shape[:-1], w_gate.shape[1])
+    return x.new_empty(x.shape), x.new_empty(hidden), x.new_empty(hidden)
 
 
 def _swiglu_mlp_backward(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, u: Tensor,
-                         grad_f: Tensor, lang: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return call("mlp_bwd", "tiled", lang, _rows(x), w_gate, w_up, w_down, _rows(u),
+                         v: Tensor, grad_f: Tensor,
+                         lang: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return call("mlp_bwd", "tiled", lang, _rows(x), w_gate, w_up, w_down, _rows(u), _rows(v),
                 _rows(grad_f), out_shapes=(x.shape,))
 
 
 swiglu_mlp_backward_op = Operator(
     "moagen::swiglu_mlp_backward", _swiglu_mlp_backward,
-    lambda x, w_gate, w_up, w_down, u, grad_f, lang: tuple(t.new_empty(t.shape)
-                                                          for t in (x, w_gate, w_up, w_down)))
+    lambda x, w_gate, w_up, w_down, u, v, grad_f, lang: tuple(
+        t.new_empty(t.shape) for t in (x, w_gate, w_up, w_down)))
 
 
 def _setup_mlp(ctx, inputs, output):
     *tensors, ctx.lang = inputs
-    ctx.save_for_backward(*tensors, output[1])
-    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(*tensors, *output[1:])
+    ctx.mark_non_differentiable(*output[1:])
     # a gradient not given stays None (the non-differentiable outputs': never read), not zeros
     ctx.set_materialize_grads(False)
 
 
-def _backward_mlp(ctx, grad_f, _grad_u):
+def _backward_mlp(ctx, grad_f, _grad_u, _grad_v):
     if grad_f is None:
         return None, None, None, None, None
     return swiglu_mlp_backward_op(*ctx.saved_tensors, grad_f, ctx.lang) + (None,)
