@@ -14,7 +14,7 @@ def fmt_shape(shape) -> str:
 
 
 def same_dim(a, b) -> bool:
-    return sympy.simplify(a - b) == 0
+    return E.simplified(sympy.sympify(a - b)) == 0
 
 
 def same_shape(a, b) -> bool:
